@@ -1,0 +1,390 @@
+//! Finding and opening Laya checkpoints: a local directory or the Hugging Face cache (the
+//! `convaiinnovations/laya` bundle with its subfolders, or the standalone repos), read file by file.
+//!
+//! A [`Checkpoint`] knows where it came from (revision), what its weights are (SHA-256 of the bytes
+//! on disk, tensor table), and holds its configs and tokenizer. No tensor data is loaded here.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::config::{AgentConfig, EncoderConfig};
+use crate::routing::CheckpointName;
+use crate::tokenizer::LayaTokenizer;
+
+/// Why a checkpoint could not be found or opened; every variant names the file or place.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file the checkpoint needs is absent.
+    #[error("{path}: missing (a Laya checkpoint needs rl_agent_config.json, model.safetensors, encoder/config.json and tokenizer/)", path = path.display())]
+    Missing {
+        /// The absent file.
+        path: PathBuf,
+    },
+    /// A file exists but could not be read.
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        /// The unreadable file.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// A file was read but its content is wrong.
+    #[error("{path}: {problem}", path = path.display())]
+    Invalid {
+        /// The malformed file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The checkpoint is in none of the places searched.
+    #[error("checkpoint '{name}' not found; looked in {searched}")]
+    NotFound {
+        /// The checkpoint asked for.
+        name: String,
+        /// The places searched, human readable.
+        searched: String,
+    },
+}
+
+/// The Hugging Face repo that bundles all three checkpoints (english at its root).
+pub const BUNDLE_REPO: &str = "convaiinnovations/laya";
+
+/// Where a checkpoint's files were found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A directory given directly.
+    Directory,
+    /// A snapshot in the Hugging Face cache.
+    HfCache {
+        /// Repo id, e.g. `convaiinnovations/laya`.
+        repo: String,
+        /// Subfolder inside the snapshot, if any.
+        subfolder: Option<String>,
+        /// The commit the snapshot belongs to (from `refs/main`).
+        revision: String,
+    },
+}
+
+/// A checkpoint directory and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The directory holding `rl_agent_config.json`, `model.safetensors`, `encoder/`, `tokenizer/`.
+    pub dir: PathBuf,
+    /// How it was found.
+    pub origin: Origin,
+}
+
+impl Location {
+    /// A checkpoint directory given directly.
+    pub fn directory(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            origin: Origin::Directory,
+        }
+    }
+
+    /// The commit the files belong to, when known.
+    pub fn revision(&self) -> Option<&str> {
+        match &self.origin {
+            Origin::HfCache { revision, .. } => Some(revision),
+            Origin::Directory => None,
+        }
+    }
+}
+
+/// The Hugging Face hub cache directory: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+/// `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub` (huggingface_hub's order).
+pub fn hf_hub_cache_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = var("HF_HUB_CACHE") {
+        return Some(dir);
+    }
+    if let Some(home) = var("HF_HOME") {
+        return Some(home.join("hub"));
+    }
+    if let Some(xdg) = var("XDG_CACHE_HOME") {
+        return Some(xdg.join("huggingface").join("hub"));
+    }
+    var("HOME").map(|home| home.join(".cache").join("huggingface").join("hub"))
+}
+
+/// The cache folder of a repo: `models--owner--name`.
+fn repo_folder(cache: &Path, repo: &str) -> PathBuf {
+    cache.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// The snapshot directory `refs/main` points at, with its revision.
+fn snapshot(cache: &Path, repo: &str) -> Result<Option<(PathBuf, String)>, CheckpointError> {
+    let folder = repo_folder(cache, repo);
+    let refs = folder.join("refs").join("main");
+    if !refs.is_file() {
+        return Ok(None);
+    }
+    let revision = std::fs::read_to_string(&refs).map_err(|source| CheckpointError::Io {
+        path: refs.clone(),
+        source,
+    })?;
+    let revision = revision.trim().to_owned();
+    if revision.is_empty() || !revision.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(CheckpointError::Invalid {
+            path: refs,
+            problem: format!("expected a commit id, found {revision:?}"),
+        });
+    }
+    let dir = folder.join("snapshots").join(&revision);
+    if !dir.is_dir() {
+        return Err(CheckpointError::Invalid {
+            path: refs,
+            problem: format!("points at revision {revision}, but {} does not exist", dir.display()),
+        });
+    }
+    Ok(Some((dir, revision)))
+}
+
+/// Finds a published checkpoint in the Hugging Face cache: the bundle repo first (english at its
+/// root, the others in subfolders), then the standalone `laya-multilingual` / `laya-typed-decisions`.
+pub fn find_in_hf_cache(cache: &Path, name: CheckpointName) -> Result<Location, CheckpointError> {
+    let mut searched = Vec::new();
+    let bundle_sub = name.subfolder();
+    if let Some((dir, revision)) = snapshot(cache, BUNDLE_REPO)? {
+        let dir = bundle_sub.map_or(dir.clone(), |sub| dir.join(sub));
+        if dir.join("rl_agent_config.json").is_file() {
+            let origin = Origin::HfCache {
+                repo: BUNDLE_REPO.to_owned(),
+                subfolder: bundle_sub.map(str::to_owned),
+                revision,
+            };
+            return Ok(Location { dir, origin });
+        }
+        searched.push(dir.display().to_string());
+    } else {
+        searched.push(repo_folder(cache, BUNDLE_REPO).join("refs/main").display().to_string());
+    }
+    if let Some(sub) = bundle_sub {
+        let repo = format!("{BUNDLE_REPO}-{sub}");
+        if let Some((dir, revision)) = snapshot(cache, &repo)? {
+            if dir.join("rl_agent_config.json").is_file() {
+                return Ok(Location {
+                    dir,
+                    origin: Origin::HfCache {
+                        repo,
+                        subfolder: None,
+                        revision,
+                    },
+                });
+            }
+            searched.push(dir.display().to_string());
+        } else {
+            searched.push(repo_folder(cache, &repo).join("refs/main").display().to_string());
+        }
+    }
+    Err(CheckpointError::NotFound {
+        name: name.as_str().to_owned(),
+        searched: searched.join(", "),
+    })
+}
+
+/// One tensor's entry in the safetensors header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Tensor name, e.g. `encoder.layers.0.attn.Wqkv.weight`.
+    pub name: String,
+    /// safetensors dtype, e.g. `F16`.
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+/// What `model.safetensors` holds, read from the file actually on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightsFile {
+    /// Path of the file (symlinks not resolved).
+    pub path: PathBuf,
+    /// Lower-case hex SHA-256 of the file's bytes.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The tensor table from the header, in header order.
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl WeightsFile {
+    /// Hashes the file and reads its header; checks that every tensor lies inside the file and that
+    /// the four parts of a decision model are present.
+    pub fn inspect(path: &Path) -> Result<Self, CheckpointError> {
+        let io = |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |problem: String| CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let mut file = std::fs::File::open(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                CheckpointError::Missing {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                io(e)
+            }
+        })?;
+        let mut hasher = Sha256::new();
+        let mut head = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let n = file.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            if head.len() < (1 << 26) {
+                head.extend_from_slice(&buf[..n]);
+            }
+            size += n as u64;
+        }
+        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let header_len = head
+            .get(..8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
+        let header_len = header_len.ok_or_else(|| invalid("shorter than a safetensors header".to_owned()))?;
+        let header_end = usize::try_from(header_len)
+            .ok()
+            .and_then(|n| n.checked_add(8))
+            .filter(|end| *end <= head.len());
+        let header_end =
+            header_end.ok_or_else(|| invalid(format!("header length {header_len} does not fit in the file")))?;
+        let header: Value = serde_json::from_slice(&head[8..header_end])
+            .map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
+        let header = header
+            .as_object()
+            .ok_or_else(|| invalid("header is not a JSON object".to_owned()))?;
+        let data_len = size - header_end as u64;
+        let mut tensors = Vec::with_capacity(header.len());
+        for (name, entry) in header {
+            if name == "__metadata__" {
+                continue;
+            }
+            let bad = |what: &str| invalid(format!("tensor '{name}': {what}"));
+            let dtype = entry
+                .get("dtype")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("no dtype"))?
+                .to_owned();
+            let shape = entry
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|dims| {
+                    dims.iter()
+                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| bad("shape is not a list of sizes"))?;
+            let offsets = entry
+                .get("data_offsets")
+                .and_then(Value::as_array)
+                .map(|o| o.iter().filter_map(Value::as_u64).collect::<Vec<_>>());
+            match offsets.as_deref() {
+                Some([start, end]) if start <= end && *end <= data_len => {}
+                _ => return Err(bad("data_offsets missing or outside the file")),
+            }
+            tensors.push(TensorInfo {
+                name: name.clone(),
+                dtype,
+                shape,
+            });
+        }
+        for prefix in ["encoder.", "type_emb.", "scorer.", "act_head."] {
+            if !tensors.iter().any(|t| t.name.starts_with(prefix)) {
+                return Err(invalid(format!(
+                    "missing '{prefix}' parameters; expected a Laya decision model with encoder and decision heads"
+                )));
+            }
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            sha256,
+            size,
+            tensors,
+        })
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+/// A checkpoint opened from disk: configs, tokenizer and weights table.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// Where the files are.
+    pub location: Location,
+    /// `rl_agent_config.json`.
+    pub agent: AgentConfig,
+    /// `encoder/config.json`.
+    pub encoder: EncoderConfig,
+    /// `tokenizer/`.
+    pub tokenizer: LayaTokenizer,
+    /// `model.safetensors`.
+    pub weights: WeightsFile,
+}
+
+impl Checkpoint {
+    /// Opens every file of the checkpoint at `location`, hashing the weights.
+    pub fn open(location: Location) -> Result<Self, CheckpointError> {
+        let dir = &location.dir;
+        if !dir.is_dir() {
+            return Err(CheckpointError::Missing { path: dir.clone() });
+        }
+        let required = |rel: &str| {
+            let path = dir.join(rel);
+            if path.exists() {
+                Ok(path)
+            } else {
+                Err(CheckpointError::Missing { path })
+            }
+        };
+        let agent = AgentConfig::load(&required("rl_agent_config.json")?)?;
+        let encoder = EncoderConfig::load(&required("encoder/config.json")?)?;
+        let tokenizer = LayaTokenizer::load(&required("tokenizer")?)?;
+        let weights = WeightsFile::inspect(&required("model.safetensors")?)?;
+        for clamped in &agent.temperatures.clamped {
+            tracing::warn!(
+                checkpoint = %dir.display(),
+                entry = %clamped.entry,
+                raw = %clamped.raw,
+                applied = clamped.applied,
+                "temperature outside [0.5, 5.0] or not a number; confidence from this entry is uncalibrated"
+            );
+        }
+        if tokenizer.vocab_size() > encoder.vocab_size {
+            return Err(CheckpointError::Invalid {
+                path: dir.join("tokenizer/tokenizer.json"),
+                problem: format!(
+                    "the tokenizer has {} ids but encoder/config.json says vocab_size {}",
+                    tokenizer.vocab_size(),
+                    encoder.vocab_size
+                ),
+            });
+        }
+        Ok(Self {
+            location,
+            agent,
+            encoder,
+            tokenizer,
+            weights,
+        })
+    }
+
+    /// Number of act classes, from the shape of `act_head.2.weight` (upstream's `n_act`).
+    pub fn n_act(&self) -> Option<usize> {
+        self.weights
+            .tensor("act_head.2.weight")
+            .and_then(|t| t.shape.first().copied())
+    }
+}

@@ -1,0 +1,138 @@
+//! Prompt rows: the token ids, marker positions and question type of each question, laid out byte
+//! for byte like upstream's `build_sequence` (spec §3.3–§3.5).
+//!
+//! Layout: `[CLS] <type> question: <instructions> [SEP] [MASK] opt0 [MASK] opt1 … [SEP] <state> [SEP]`,
+//! cut to `max_len`; the state is tokenized once per request and shared by every row.
+
+use serde_json::Value;
+
+use crate::python_text::{Separators, py_json, py_repr_str};
+use crate::question::{Question, QuestionType};
+use crate::tokenizer::{LayaTokenizer, TokenizeError};
+
+/// Tokens an option keeps at most (upstream truncates each option's encoding to 48 ids).
+pub const OPTION_TOKEN_CAP: usize = 48;
+
+/// One encoder input row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// Token ids, no padding; at most `max_len`.
+    pub ids: Vec<u32>,
+    /// Position of each option's `[MASK]`, in option order.
+    pub markers: Vec<u32>,
+    /// The question type (the head adds its type embedding).
+    pub qtype: QuestionType,
+}
+
+/// The row-length budget of a checkpoint (`rl_agent_config.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLimits {
+    /// Longest row in tokens.
+    pub max_len: usize,
+    /// Budget for the question head and its options.
+    pub head_max_len: usize,
+}
+
+/// Why rows could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// A question's options do not fit (upstream's 422 `options exceed head_max_len`).
+    #[error("question {qid} options exceed head_max_len={head_max_len}", qid = py_repr_str(qid))]
+    OptionsDoNotFit {
+        /// The question id.
+        qid: String,
+        /// The checkpoint's head budget.
+        head_max_len: usize,
+    },
+    /// The tokenizer failed.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizeError),
+}
+
+/// Upstream's `serialize_state`: a string as it is, anything else (a missing state is `null`) as `py_json`.
+pub fn serialize_state(state: Option<&Value>) -> String {
+    match state {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => py_json(other, Separators::Spaced),
+        None => "null".to_owned(),
+    }
+}
+
+/// Builds one row per question, in order, for one state.
+pub fn build_rows(
+    tokenizer: &LayaTokenizer,
+    limits: RowLimits,
+    state: Option<&Value>,
+    questions: &[Question],
+) -> Result<Vec<Row>, PromptError> {
+    let special = tokenizer.special();
+    let unmask = |text: &str| text.replace(special.mask_text.as_str(), " ");
+    // A conversation (JSON array) keeps its newest end; everything else keeps its start.
+    let truncate_left = matches!(state, Some(Value::Array(_)));
+    let state_ids = tokenizer.encode(&unmask(&serialize_state(state)))?;
+    let RowLimits { max_len, head_max_len } = limits;
+
+    questions
+        .iter()
+        .map(|q| {
+            let head_text = format!("{} question: {}", q.qtype.as_str(), unmask(&q.instructions));
+            let mut head_ids = tokenizer.encode(&head_text)?;
+            let mut options = Vec::with_capacity(q.options.len());
+            for text in &q.options {
+                let mut ids = Vec::with_capacity(OPTION_TOKEN_CAP + 1);
+                ids.push(special.mask);
+                let tokens = tokenizer.encode(&format!(" {}", unmask(text)))?;
+                ids.extend(tokens.into_iter().take(OPTION_TOKEN_CAP));
+                options.push(ids);
+            }
+            let option_len = |options: &[Vec<u32>]| options.iter().map(Vec::len).sum::<usize>();
+            // Signed: the options may already exceed the whole head budget.
+            let mut budget = head_max_len as i64 - option_len(&options) as i64;
+            if budget < 16 {
+                let per = ((head_max_len as i64 - 16).div_euclid(options.len().max(1) as i64)).max(4) as usize;
+                for o in &mut options {
+                    o.truncate(per);
+                }
+                budget = head_max_len as i64 - option_len(&options) as i64;
+            }
+            head_ids.truncate(budget.max(8) as usize);
+
+            let mut ids = Vec::with_capacity(max_len + 1);
+            ids.push(special.cls);
+            ids.extend_from_slice(&head_ids);
+            ids.push(special.sep);
+            let mut markers = Vec::with_capacity(options.len());
+            for o in &options {
+                markers.push(ids.len());
+                ids.extend_from_slice(o);
+            }
+            ids.push(special.sep);
+            let room = max_len.saturating_sub(ids.len() + 1);
+            let state_part = if truncate_left {
+                &state_ids[state_ids.len().saturating_sub(room)..]
+            } else {
+                &state_ids[..room.min(state_ids.len())]
+            };
+            ids.extend_from_slice(state_part);
+            ids.push(special.sep);
+            ids.truncate(max_len);
+            let markers: Vec<u32> = markers.into_iter().filter(|m| *m < max_len).map(|m| m as u32).collect();
+            if markers.len() != q.options.len() {
+                return Err(PromptError::OptionsDoNotFit {
+                    qid: q.id.clone(),
+                    head_max_len,
+                });
+            }
+            Ok(Row {
+                ids,
+                markers,
+                qtype: q.qtype,
+            })
+        })
+        .collect()
+}
+
+/// `usage.input_tokens`: the real (unpadded) tokens of a request's rows.
+pub fn input_tokens(rows: &[Row]) -> usize {
+    rows.iter().map(|r| r.ids.len()).sum()
+}

@@ -1,0 +1,361 @@
+//! Python's text renderings of JSON values, byte for byte: `json.dumps` (used for state and
+//! criteria text the model reads, and for response bodies), `repr` (used in error messages), `round`.
+//!
+//! Upstream renders through Python, so the model sees Python's spellings (`1e-05`, `100.0`,
+//! `{"a": 1}`) and clients see Python's messages (`question 'q': ...`). Numbers arrive here with
+//! their original JSON text (serde_json's `arbitrary_precision`), so big integers stay exact.
+
+use serde_json::{Number, Value};
+use unicode_general_category::{GeneralCategory, get_general_category};
+
+/// Separators between items and between a key and its value, as in `json.dumps(separators=...)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Separators {
+    /// `", "` and `": "`: Python's default, used for every text the model reads.
+    Spaced,
+    /// `","` and `":"`: what Starlette's `JSONResponse` writes for response bodies.
+    Compact,
+}
+
+/// Whether a JSON number's text is an integer literal (Python `int`) rather than a float.
+fn is_int_text(text: &str) -> bool {
+    !text.contains(['.', 'e', 'E'])
+}
+
+/// Python's `str(int)` for a JSON integer literal: the digits, with `-0` read as `0`.
+fn int_text(text: &str) -> &str {
+    if text == "-0" { "0" } else { text }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, fixed notation for decimal exponents in
+/// [-4, 16), scientific (`1e-05`, `1e+16`) otherwise; `nan`, `inf`, `-inf` for the rest.
+pub fn py_float_repr(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0.0" } else { "0.0" }.to_owned();
+    }
+    // Rust's `{:e}` prints the shortest digits that round-trip, like Python's repr.
+    let sci = format!("{x:e}");
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let mut out = String::with_capacity(digits.len() + 8);
+    out.push_str(sign);
+    if (-4..16).contains(&exponent) {
+        if exponent >= 0 {
+            let int_len = exponent as usize + 1;
+            if digits.len() <= int_len {
+                out.push_str(&digits);
+                out.extend(std::iter::repeat_n('0', int_len - digits.len()));
+                out.push_str(".0");
+            } else {
+                out.push_str(&digits[..int_len]);
+                out.push('.');
+                out.push_str(&digits[int_len..]);
+            }
+        } else {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-exponent - 1) as usize));
+            out.push_str(&digits);
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        out.push('e');
+        out.push(if exponent < 0 { '-' } else { '+' });
+        out.push_str(&format!("{:02}", exponent.unsigned_abs()));
+    }
+    out
+}
+
+/// The double a JSON number denotes, as Python would compute it (`1e400` is infinity).
+pub fn number_as_f64(number: &Number) -> f64 {
+    number.to_string().parse::<f64>().unwrap_or(f64::NAN)
+}
+
+/// Whether a JSON number is an integer literal (Python `int`) rather than a float.
+pub fn number_is_int(number: &Number) -> bool {
+    is_int_text(&number.to_string())
+}
+
+fn push_number(out: &mut String, number: &Number, json: bool) {
+    let text = number.to_string();
+    if is_int_text(&text) {
+        out.push_str(int_text(&text));
+        return;
+    }
+    let x = text.parse::<f64>().unwrap_or(f64::NAN);
+    match x {
+        x if json && x.is_nan() => out.push_str("NaN"),
+        x if json && x.is_infinite() => out.push_str(if x > 0.0 { "Infinity" } else { "-Infinity" }),
+        x => out.push_str(&py_float_repr(x)),
+    }
+}
+
+/// `json.dumps(value, ensure_ascii=False)` with the given separators: keys in insertion order,
+/// non-ASCII written raw, floats in Python's repr.
+pub fn py_json(value: &Value, separators: Separators) -> String {
+    let mut out = String::new();
+    write_json(&mut out, value, separators);
+    out
+}
+
+fn write_json(out: &mut String, value: &Value, separators: Separators) {
+    let (item, key) = match separators {
+        Separators::Spaced => (", ", ": "),
+        Separators::Compact => (",", ":"),
+    };
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => push_number(out, n, true),
+        Value::String(s) => write_json_string(out, s),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item);
+                }
+                write_json(out, v, separators);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item);
+                }
+                write_json_string(out, k);
+                out.push_str(key);
+                write_json(out, v, separators);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Python's `str.isprintable` for one character.
+fn is_printable(c: char) -> bool {
+    if c == ' ' {
+        return true;
+    }
+    !matches!(
+        get_general_category(c),
+        GeneralCategory::Control
+            | GeneralCategory::Format
+            | GeneralCategory::Surrogate
+            | GeneralCategory::PrivateUse
+            | GeneralCategory::Unassigned
+            | GeneralCategory::LineSeparator
+            | GeneralCategory::ParagraphSeparator
+            | GeneralCategory::SpaceSeparator
+    )
+}
+
+/// Python's `repr(str)`: single quotes unless the text has `'` and no `"`, escapes for the
+/// quote, backslash, `\t \n \r` and every non-printable character.
+pub fn py_repr_str(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if is_printable(c) => out.push(c),
+            c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push_str(&format!("\\U{:08x}", c as u32)),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Python's `repr` of a parsed JSON value: `None`, `True`, `{'k': [1, 2.0]}`.
+pub fn py_repr(value: &Value) -> String {
+    let mut out = String::new();
+    write_repr(&mut out, value);
+    out
+}
+
+fn write_repr(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("None"),
+        Value::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
+        Value::Number(n) => push_number(out, n, false),
+        Value::String(s) => out.push_str(&py_repr_str(s)),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_repr(out, v);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&py_repr_str(k));
+                out.push_str(": ");
+                write_repr(out, v);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Python's `type(value).__name__` for a parsed JSON value.
+pub fn py_type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "NoneType",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if number_is_int(n) => "int",
+        Value::Number(_) => "float",
+        Value::String(_) => "str",
+        Value::Array(_) => "list",
+        Value::Object(_) => "dict",
+    }
+}
+
+/// Python's `round(x, 4)`: correctly rounded, ties to even on the exact binary value.
+pub fn round4(x: f64) -> f64 {
+    if !x.is_finite() {
+        return x;
+    }
+    // Rust's fixed-precision formatting is exact and breaks ties to even, like CPython's.
+    format!("{x:.4}").parse::<f64>().unwrap_or(x)
+}
+
+/// C's `printf("%.0f", x)`, as Python's `%` operator formats it (ties to even).
+pub fn printf_0f(x: f64) -> String {
+    format!("{x:.0}")
+}
+
+/// Python's `str.isspace` for one character (`trim` differs: it misses `\x1c`-`\x1f`).
+pub fn py_is_space(c: char) -> bool {
+    matches!(c, '\t'..='\r' | '\x1c'..='\x1f' | ' ' | '\u{85}' | '\u{a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}')
+}
+
+/// Python's `str.strip()`.
+pub fn py_strip(s: &str) -> &str {
+    s.trim_matches(py_is_space)
+}
+
+/// Python's `len(str)`: the number of code points.
+pub fn py_len(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// A JSON number holding a double, spelt the way Python's `json` would write it.
+pub fn float_value(x: f64) -> Value {
+    // `from_f64` refuses NaN and infinities; upstream never produces them in answers.
+    Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn float_repr_matches_python() {
+        let cases = [
+            (100.0, "100.0"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1e16, "1e+16"),
+            (1.2345678901234568e17, "1.2345678901234568e+17"),
+            (12.5, "12.5"),
+            (-0.0, "-0.0"),
+            (0.1, "0.1"),
+            (1.5e300, "1.5e+300"),
+            (123456789012345.6, "123456789012345.6"),
+            (1234567890123456.7, "1234567890123456.8"),
+            (0.46153846153846156, "0.46153846153846156"),
+            (f64::INFINITY, "inf"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(py_float_repr(x), want, "repr({x})");
+        }
+    }
+
+    #[test]
+    fn json_matches_python_dumps() {
+        let v: Value = serde_json::from_str(
+            r#"{"amount": 12.5, "ids": [1, 2], "tiny": 1e-5, "big": 1e16, "ok": true, "none": null, "b": 12345678901234567890, "neg": -0, "inf": 1e400, "s": "é\u0001\n\"\\"}"#,
+        )
+        .expect("valid json");
+        assert_eq!(
+            py_json(&v, Separators::Spaced),
+            r#"{"amount": 12.5, "ids": [1, 2], "tiny": 1e-05, "big": 1e+16, "ok": true, "none": null, "b": 12345678901234567890, "neg": 0, "inf": Infinity, "s": "é\u0001\n\"\\"}"#
+        );
+        assert_eq!(py_json(&json!([1, {"a": []}]), Separators::Compact), r#"[1,{"a":[]}]"#);
+    }
+
+    #[test]
+    fn repr_matches_python() {
+        assert_eq!(py_repr_str("q1"), "'q1'");
+        assert_eq!(py_repr_str("it's"), "\"it's\"");
+        assert_eq!(py_repr_str("it's \"x\""), "'it\\'s \"x\"'");
+        assert_eq!(py_repr_str("a\tb\u{1}\u{200b}\u{a0}é😀"), "'a\\tb\\x01\\u200b\\xa0é😀'");
+        let v: Value = serde_json::from_str(r#"{"a": [1, 2.0, null, true, "x"]}"#).expect("json");
+        assert_eq!(py_repr(&v), "{'a': [1, 2.0, None, True, 'x']}");
+    }
+
+    #[test]
+    fn round4_breaks_ties_to_even_on_the_binary_value() {
+        assert_eq!(round4(0.03125), 0.0312);
+        assert_eq!(round4(0.09375), 0.0938);
+        assert_eq!(round4(0.12345), 0.1235); // 0.12345 is above the tie in binary
+        assert_eq!(round4(0.95185), 0.9518); // and this one below
+        assert_eq!(printf_0f(2.5), "2");
+        assert_eq!(printf_0f(3.5), "4");
+    }
+}
