@@ -11,7 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::config::{AgentConfig, EncoderConfig};
-use crate::routing::CheckpointName;
+use crate::routing::{BUNDLE_REPO, CheckpointName};
 use crate::tokenizer::LayaTokenizer;
 
 /// Why a checkpoint could not be found or opened; every variant names the file or place.
@@ -49,9 +49,6 @@ pub enum CheckpointError {
     },
 }
 
-/// The Hugging Face repo that bundles all three checkpoints (english at its root).
-pub const BUNDLE_REPO: &str = "convaiinnovations/laya";
-
 /// Where a checkpoint's files were found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {
@@ -83,6 +80,33 @@ impl Location {
         Self {
             dir: dir.into(),
             origin: Origin::Directory,
+        }
+    }
+
+    /// A checkpoint directory, recognised as a Hugging Face snapshot when its path reads
+    /// `…/models--owner--name/snapshots/<revision>[/subfolder]` (how workers learn the revision
+    /// of the directory the supervisor hands them).
+    pub fn from_path(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
+        let parts: Vec<&str> = dir.components().filter_map(|c| c.as_os_str().to_str()).collect();
+        let snapshot = parts
+            .iter()
+            .rposition(|p| *p == "snapshots")
+            .filter(|i| *i >= 1 && i + 1 < parts.len());
+        let origin = snapshot.and_then(|i| {
+            let repo = parts[i - 1].strip_prefix("models--")?.replacen("--", "/", 1);
+            let revision = parts[i + 1].to_owned();
+            let rest = &parts[i + 2..];
+            let subfolder = (!rest.is_empty()).then(|| rest.join("/"));
+            Some(Origin::HfCache {
+                repo,
+                subfolder,
+                revision,
+            })
+        });
+        Self {
+            origin: origin.unwrap_or(Origin::Directory),
+            dir,
         }
     }
 

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::python_text::{Separators, py_json, py_repr, py_repr_str, py_strip, py_type_name};
+use crate::python_text::{Separators, py_json, py_lower, py_repr, py_repr_str, py_strip, py_type_name};
 
 /// The three question types, with upstream's `qtype` index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,7 +125,7 @@ fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
             match criteria {
                 None => {}
                 Some(Value::Object(m)) => {
-                    let mut keys: Vec<String> = m.keys().map(|k| k.to_lowercase()).collect();
+                    let mut keys: Vec<String> = m.keys().map(|k| py_lower(k)).collect();
                     keys.sort();
                     keys.dedup();
                     if keys.iter().any(|k| k != "true" && k != "false") {
@@ -226,7 +226,7 @@ fn to_internal(id: &str, def: &Map<String, Value>) -> Question {
             if let Some(Value::Object(m)) = criteria {
                 // Keys are lower-cased; a later duplicate wins, as in upstream's dict comprehension.
                 for (k, v) in m {
-                    match k.to_lowercase().as_str() {
+                    match py_lower(k).as_str() {
                         "false" => described[0] = Some(v),
                         "true" => described[1] = Some(v),
                         _ => {}

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use crate::language::{Detection, analyse, py_char};
+use crate::language::{Detection, analyse};
+use crate::python_text::py_char;
 use crate::python_text::{number_as_f64, printf_0f, py_repr, py_repr_str};
 
 /// The Hugging Face repo that bundles all three checkpoints (`BUNDLE_REPO`).

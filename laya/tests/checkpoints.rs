@@ -179,3 +179,18 @@ fn a_plain_directory_has_no_revision() {
         .to_string();
     assert!(err.ends_with("missing (a Laya checkpoint needs rl_agent_config.json, model.safetensors, encoder/config.json and tokenizer/)"), "{err}");
 }
+
+#[test]
+fn a_snapshot_path_tells_its_revision() {
+    let dir = snapshot(&fixture_cache()).join("typed-decisions");
+    let location = Location::from_path(&dir);
+    assert_eq!(
+        location.origin,
+        Origin::HfCache {
+            repo: "convaiinnovations/laya".to_owned(),
+            subfolder: Some("typed-decisions".to_owned()),
+            revision: "7a1e5eed0f1c7ee5c0de5eed0f1c7ee5c0de0320".to_owned()
+        }
+    );
+    assert_eq!(Location::from_path("/srv/laya/english").origin, Origin::Directory);
+}

@@ -1,2 +1,6 @@
-//! The worker gRPC protocol and the serving harness every worker binary shares.
-//! Empty until the worker-process issue fills it in; it exists so the workspace layout is final.
+//! The worker protocol: the engine trait every worker implements, and (with the worker-process
+//! issue) `worker.proto`, its generated tonic code, the gRPC client and the serving harness.
+
+pub mod engine;
+
+pub use engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint};
