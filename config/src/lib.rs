@@ -1,2 +1,24 @@
-//! layad's configuration schema: one TOML file layered under `LAYAD_*` environment overrides.
-//! Empty until the supervisor issue fills it in; it exists so the workspace layout is final.
+//! layad's configuration: the TOML schema, layered as embedded defaults < TOML file < `LAYAD_*`
+//! environment variables < command-line flags, with errors that name the key and where it came from.
+//!
+//! Layout:
+//! - [`schema`]: every section and key with its type and default ([`Config`] and its parts);
+//! - [`load`]: the layering ([`Sources`], [`Config::load`]), cross-key validation, relative paths
+//!   and the API key (`LAYA_API_KEY` like upstream, or `server.api_key_file`);
+//! - [`duration`]: `"500ms"`/`"30s"`/`"2m"` values;
+//! - [`error`]: [`ConfigError`] and its [`Problem`]s.
+//!
+//! Environment variables use `__` between nested keys: `LAYAD_SERVER__LISTEN=0.0.0.0:8642`,
+//! `LAYAD_LOGGING__FORMAT=json`. Every key is documented in `config/README.md`.
+
+pub mod duration;
+pub mod error;
+pub mod load;
+pub mod schema;
+
+pub use error::{ConfigError, Problem};
+pub use load::{Flags, Sources, ignored_upstream_variables};
+pub use schema::{
+    ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, LogFormat, LoggingConfig, PoolConfig,
+    ServerConfig, WorkerKind, WorkersConfig,
+};

@@ -1,6 +1,30 @@
-//! The worker protocol: the engine trait every worker implements, and (with the worker-process
-//! issue) `worker.proto`, its generated tonic code, the gRPC client and the serving harness.
+//! The worker protocol: `worker.proto` and its generated code, the engine trait every worker
+//! implements, the serving harness every worker binary runs, and the supervisor's gRPC client.
+//!
+//! # Layout
+//!
+//! - [`pb`]: code generated from `worker.proto` (package `layad.worker.v1`) and its conversions to
+//!   the engine types.
+//! - [`engine`]: the synchronous [`Engine`] trait a worker's model implements.
+//! - [`harness`]: runs an engine behind the protocol: load, warm up, bind the private Unix socket,
+//!   serve one batch at a time, drain on SIGTERM, exit when the supervisor dies.
+//! - [`client`]: [`WorkerClient`], the supervisor's cheap-to-clone handle on one worker socket.
+//! - [`logging`]: structured log lines on stderr for worker binaries.
+//! - `validation` and `warmup` (crate-private): request checks before the engine, warm-up shapes.
 
+pub mod client;
 pub mod engine;
+pub mod harness;
+pub mod logging;
+pub mod pb;
+mod validation;
+mod warmup;
 
+pub use client::{ClientError, ForwardResult, WorkerClient};
 pub use engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint};
+pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
+pub use warmup::WarmupPolicy;
+
+/// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer
+/// built from the previous revision would misread; the client refuses a worker whose revision differs.
+pub const PROTOCOL_VERSION: u32 = 1;

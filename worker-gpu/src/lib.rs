@@ -1,2 +1,28 @@
-//! The candle engine: ModernBERT encoder, decision head and act head on CPU, Metal or CUDA.
-//! Empty until the candle model issue fills it in; it exists so the workspace layout is final.
+//! The candle engine: Laya's ModernBERT encoder, decision head and act head on CPU, Metal or CUDA,
+//! matching upstream PyTorch (`laya[serve]==0.3.20`) in float32 and running f16/bf16 on GPUs.
+//!
+//! Layout:
+//! - [`engine`]: [`CandleEngine`], the [`layad_proto::Engine`] the worker binary serves — loading named
+//!   checkpoints, validating rows, reporting what really runs.
+//! - [`device`]: device requests and fallback, precision, the per-process CPU thread pool.
+//! - [`model`]: one checkpoint as a candle model ([`LayaModel`]): `modernbert` (encoder),
+//!   `decision_head` (head layers, scorer, act head), `batch` (right-padded rows).
+//! - `layers`: linear, LayerNorm, RoPE tables and attention with cached masks (banded for long
+//!   sliding-window rows).
+//! - `weights`: strict reading of `model.safetensors`; [`error`]: [`LoadError`].
+//!
+//! Verified on x86-64 Linux CPUs only (f32, f16, bf16 against upstream's goldens). The Metal path
+//! (macOS builds enable candle's `metal` feature) and the CUDA path (`--features cuda`, needs the
+//! CUDA toolkit to build) use only candle ops with Metal/CUDA kernels but have never run.
+
+pub mod device;
+pub mod engine;
+pub mod error;
+mod layers;
+pub mod model;
+mod weights;
+
+pub use device::{DeviceRequest, Precision, SelectedDevice};
+pub use engine::{CandleEngine, EngineOptions};
+pub use error::LoadError;
+pub use model::LayaModel;

@@ -1,0 +1,530 @@
+//! The configuration's shape: every section and key, its type and its default, as serde structs.
+//! `config/README.md` documents each key; `examples/defaults.toml` spells out every default.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use laya::routing::CheckpointName;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::duration;
+
+/// The whole configuration of one `layad` process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[server]`: the HTTP front.
+    pub server: ServerConfig,
+    /// `[checkpoints]`: which checkpoints are served and where their files are.
+    pub checkpoints: CheckpointsConfig,
+    /// `[[pool]]`: groups of identical workers on one device.
+    #[serde(rename = "pool")]
+    pub pools: Vec<PoolConfig>,
+    /// `[workers]`: how worker processes are found, started and restarted.
+    pub workers: WorkersConfig,
+    /// `[logging]`: log format and filter.
+    pub logging: LoggingConfig,
+    /// The bearer key clients must send, from `LAYA_API_KEY` or `server.api_key_file`; never
+    /// serialized, so printing the configuration cannot leak it.
+    #[serde(skip)]
+    pub api_key: Option<ApiKey>,
+}
+
+impl Default for Config {
+    /// The embedded defaults: all three checkpoints from the Hugging Face cache, one pool of one
+    /// GPU worker on device `auto`, bound to 127.0.0.1:8642.
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            checkpoints: CheckpointsConfig::default(),
+            pools: vec![PoolConfig::named("gpu")],
+            workers: WorkersConfig::default(),
+            logging: LoggingConfig::default(),
+            api_key: None,
+        }
+    }
+}
+
+impl Config {
+    /// The checkpoints this server answers with, in upstream's order, with where each comes from.
+    pub fn served_checkpoints(&self) -> Vec<(CheckpointName, &CheckpointSource)> {
+        CheckpointName::ALL
+            .into_iter()
+            .map(|name| (name, self.checkpoints.source(name)))
+            .filter(|(_, source)| **source != CheckpointSource::Off)
+            .collect()
+    }
+
+    /// The checkpoints a pool runs: its `checkpoints` list, or every served checkpoint.
+    pub fn pool_checkpoints(&self, pool: &PoolConfig) -> Vec<CheckpointName> {
+        match &pool.checkpoints {
+            Some(names) => names.clone(),
+            None => self.served_checkpoints().into_iter().map(|(name, _)| name).collect(),
+        }
+    }
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address and port to bind.
+    pub listen: SocketAddr,
+    /// Extra `Host` names accepted while bound to a loopback address (loopback names always are).
+    pub allowed_hosts: Vec<String>,
+    /// A file holding the API key (alternative to `LAYA_API_KEY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
+    /// Largest request body in bytes, after decoding a `Content-Encoding`.
+    pub max_body_bytes: usize,
+    /// How long a client may take to send its whole body (408 after that).
+    #[serde(with = "duration")]
+    pub body_timeout: Duration,
+    /// How long a request may wait for and run on a worker before it is answered 503.
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Most open client connections; further clients wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Upstream's `LAYA_AUTO_TASK`: route requests whose question ids match a typed-decisions
+    /// workflow to the typed-decisions checkpoint.
+    pub auto_task: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 8642)),
+            allowed_hosts: Vec::new(),
+            api_key_file: None,
+            max_body_bytes: laya::request::MAX_BODY_BYTES,
+            body_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+            max_connections: 512,
+            auto_task: false,
+        }
+    }
+}
+
+/// `[checkpoints]`: one entry per published checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointsConfig {
+    /// Where `english` comes from.
+    pub english: CheckpointSource,
+    /// Where `multilingual` comes from.
+    pub multilingual: CheckpointSource,
+    /// Where `typed-decisions` comes from.
+    #[serde(rename = "typed-decisions")]
+    pub typed_decisions: CheckpointSource,
+}
+
+impl Default for CheckpointsConfig {
+    fn default() -> Self {
+        Self {
+            english: CheckpointSource::HfCache,
+            multilingual: CheckpointSource::HfCache,
+            typed_decisions: CheckpointSource::HfCache,
+        }
+    }
+}
+
+impl CheckpointsConfig {
+    /// The entry for one checkpoint.
+    pub fn source(&self, name: CheckpointName) -> &CheckpointSource {
+        match name {
+            CheckpointName::English => &self.english,
+            CheckpointName::Multilingual => &self.multilingual,
+            CheckpointName::TypedDecisions => &self.typed_decisions,
+        }
+    }
+
+    /// The entry for one checkpoint, to change it.
+    pub fn source_mut(&mut self, name: CheckpointName) -> &mut CheckpointSource {
+        match name {
+            CheckpointName::English => &mut self.english,
+            CheckpointName::Multilingual => &mut self.multilingual,
+            CheckpointName::TypedDecisions => &mut self.typed_decisions,
+        }
+    }
+}
+
+/// Where a checkpoint's files are: `"hf"`, `"off"`, or a directory path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointSource {
+    /// The Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`).
+    HfCache,
+    /// A checkpoint directory (holding `rl_agent_config.json`, `model.safetensors`, …).
+    Directory(PathBuf),
+    /// Not served: requests routed to it are answered 503.
+    Off,
+}
+
+impl Serialize for CheckpointSource {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CheckpointSource::HfCache => serializer.serialize_str("hf"),
+            CheckpointSource::Off => serializer.serialize_str("off"),
+            CheckpointSource::Directory(dir) => dir.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckpointSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = CheckpointSource;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(r#""hf" (the Hugging Face cache), "off", or a checkpoint directory"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<CheckpointSource, E> {
+                match value {
+                    "hf" => Ok(CheckpointSource::HfCache),
+                    "off" => Ok(CheckpointSource::Off),
+                    "" => Err(E::invalid_value(serde::de::Unexpected::Str(value), &self)),
+                    path => Ok(CheckpointSource::Directory(PathBuf::from(path))),
+                }
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
+
+/// `[[pool]]`: identical workers on one device sharing one queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Unique name, used in `/health`, `/metrics` and logs.
+    pub name: String,
+    /// Which worker binary runs the pool's workers.
+    #[serde(default)]
+    pub worker: WorkerKind,
+    /// Device the workers ask for.
+    #[serde(default)]
+    pub device: Device,
+    /// Number of worker processes.
+    #[serde(default = "PoolConfig::default_workers")]
+    pub workers: u32,
+    /// Compute threads per worker; 0 lets the workers share the cores.
+    #[serde(default)]
+    pub threads: u32,
+    /// Compute precision of the encoder.
+    #[serde(default)]
+    pub dtype: Dtype,
+    /// Most rows in one forward pass.
+    #[serde(default = "PoolConfig::default_max_rows")]
+    pub max_rows: u32,
+    /// Most tokens (sum of row lengths) in one forward pass.
+    #[serde(default = "PoolConfig::default_max_batch_tokens")]
+    pub max_batch_tokens: u32,
+    /// Most requests waiting for a worker; beyond that requests are answered 503 with `Retry-After`.
+    #[serde(default = "PoolConfig::default_queue_capacity")]
+    pub queue_capacity: u32,
+    /// The checkpoints this pool's workers load; absent = every served checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "checkpoint_list")]
+    pub checkpoints: Option<Vec<CheckpointName>>,
+}
+
+impl PoolConfig {
+    /// A pool with this name and every other key at its default.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            worker: WorkerKind::default(),
+            device: Device::default(),
+            workers: Self::default_workers(),
+            threads: 0,
+            dtype: Dtype::default(),
+            max_rows: Self::default_max_rows(),
+            max_batch_tokens: Self::default_max_batch_tokens(),
+            queue_capacity: Self::default_queue_capacity(),
+            checkpoints: None,
+        }
+    }
+
+    fn default_workers() -> u32 {
+        1
+    }
+
+    fn default_max_rows() -> u32 {
+        64
+    }
+
+    fn default_max_batch_tokens() -> u32 {
+        32_768
+    }
+
+    fn default_queue_capacity() -> u32 {
+        256
+    }
+}
+
+/// Which worker binary a pool runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerKind {
+    /// `layad-worker-gpu`: candle on Metal, CUDA or CPU.
+    #[default]
+    Gpu,
+    /// `layad-worker-ane`: Core ML on the Apple Neural Engine (macOS only).
+    Ane,
+}
+
+impl WorkerKind {
+    /// The worker's executable name (without any platform suffix).
+    pub fn binary_name(self) -> &'static str {
+        match self {
+            WorkerKind::Gpu => "layad-worker-gpu",
+            WorkerKind::Ane => "layad-worker-ane",
+        }
+    }
+
+    /// The config spelling: `gpu` or `ane`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerKind::Gpu => "gpu",
+            WorkerKind::Ane => "ane",
+        }
+    }
+}
+
+/// The device a GPU worker asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Metal on a Mac, CUDA when built with it and present, else CPU.
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// Apple's Metal GPU.
+    Metal,
+    /// An NVIDIA GPU (needs a worker built with CUDA).
+    Cuda,
+}
+
+impl Device {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Metal => "metal",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+/// Compute precision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit floats, as upstream computes on CPU.
+    #[default]
+    F32,
+    /// 16-bit floats.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Dtype {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `[workers]`: settings shared by every worker process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersConfig {
+    /// Directory holding the worker binaries; absent = the directory of the `layad` executable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary_dir: Option<PathBuf>,
+    /// Directory for the workers' Unix sockets; absent = `$XDG_RUNTIME_DIR/layad`, else
+    /// `<temp dir>/layad-<user id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_dir: Option<PathBuf>,
+    /// Wait before the first restart of a worker that exited.
+    #[serde(with = "duration")]
+    pub restart_backoff_initial: Duration,
+    /// Longest wait between restarts (the wait doubles up to this).
+    #[serde(with = "duration")]
+    pub restart_backoff_max: Duration,
+    /// Restarts within `crash_loop_window` after which the pool is reported degraded.
+    pub crash_loop_restarts: u32,
+    /// The window `crash_loop_restarts` is counted in.
+    #[serde(with = "duration")]
+    pub crash_loop_window: Duration,
+    /// How long a worker may take to load and warm up before it is killed and restarted.
+    #[serde(with = "duration")]
+    pub startup_timeout: Duration,
+    /// How long a worker may take to exit after SIGTERM before it is killed.
+    #[serde(with = "duration")]
+    pub stop_timeout: Duration,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        Self {
+            binary_dir: None,
+            socket_dir: None,
+            restart_backoff_initial: Duration::from_millis(500),
+            restart_backoff_max: Duration::from_secs(30),
+            crash_loop_restarts: 5,
+            crash_loop_window: Duration::from_secs(60),
+            startup_timeout: Duration::from_secs(120),
+            stop_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl WorkersConfig {
+    /// Where the worker binaries are: `binary_dir`, else the directory of the running executable.
+    pub fn binary_dir(&self) -> std::io::Result<PathBuf> {
+        if let Some(dir) = &self.binary_dir {
+            return Ok(dir.clone());
+        }
+        let exe = std::env::current_exe()?;
+        Ok(exe.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf))
+    }
+
+    /// Where the worker sockets go: `socket_dir`, else `$XDG_RUNTIME_DIR/layad`, else
+    /// `<temp dir>/layad-<user id>` (the process manager creates it private to the user).
+    pub fn socket_dir(&self, runtime_dir: Option<&Path>, user_id: u32) -> PathBuf {
+        match (&self.socket_dir, runtime_dir) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(runtime)) => runtime.join("layad"),
+            (None, None) => std::env::temp_dir().join(format!("layad-{user_id}")),
+        }
+    }
+}
+
+/// `[logging]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// Human-readable lines or one JSON object per line.
+    pub format: LogFormat,
+    /// A `tracing` filter: a level, or directives such as `info,layad=debug`.
+    pub filter: String,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Pretty,
+            filter: "info".to_owned(),
+        }
+    }
+}
+
+/// How log lines look.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The API key. Its `Debug` never shows the key, so logging a config cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    /// The key itself, for the comparison with a request's bearer token.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// `pool.checkpoints`: a list of canonical checkpoint names.
+mod checkpoint_list {
+    use laya::routing::CheckpointName;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(names: &Option<Vec<CheckpointName>>, serializer: S) -> Result<S::Ok, S::Error> {
+        match names {
+            Some(names) => serializer.collect_seq(names.iter().map(|n| n.as_str())),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<CheckpointName>>, D::Error> {
+        let names = Vec::<String>::deserialize(deserializer)?;
+        names
+            .iter()
+            .map(|name| {
+                CheckpointName::ALL
+                    .into_iter()
+                    .find(|c| c.as_str() == name)
+                    .ok_or_else(|| {
+                        serde::de::Error::invalid_value(
+                            serde::de::Unexpected::Str(name),
+                            &"one of \"english\", \"multilingual\", \"typed-decisions\"",
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_dir_is_configured_else_under_the_runtime_dir_else_per_user_in_tmp() {
+        let mut workers = WorkersConfig::default();
+        let runtime = Path::new("/run/user/1000");
+        assert_eq!(workers.socket_dir(Some(runtime), 1000), runtime.join("layad"));
+        assert_eq!(workers.socket_dir(None, 1000), std::env::temp_dir().join("layad-1000"));
+        workers.socket_dir = Some(PathBuf::from("/srv/layad/sockets"));
+        assert_eq!(
+            workers.socket_dir(Some(runtime), 1000),
+            PathBuf::from("/srv/layad/sockets")
+        );
+    }
+
+    #[test]
+    fn the_binary_dir_defaults_to_the_running_executable() {
+        let mut workers = WorkersConfig::default();
+        let exe = std::env::current_exe().expect("exe");
+        assert_eq!(workers.binary_dir().ok().as_deref(), exe.parent());
+        workers.binary_dir = Some(PathBuf::from("/opt/layad/bin"));
+        assert_eq!(workers.binary_dir().ok(), Some(PathBuf::from("/opt/layad/bin")));
+    }
+
+    #[test]
+    fn the_api_key_never_shows_in_debug_output() {
+        let key = ApiKey::new("hunter2");
+        assert_eq!(format!("{key:?}"), "ApiKey(<redacted>)");
+        assert_eq!(key.expose(), "hunter2");
+    }
+}

@@ -1,0 +1,486 @@
+//! Loading the configuration: layering order, errors that name the key and its origin, validation,
+//! relative paths, the API key, and the shipped examples and README staying true.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use laya::routing::CheckpointName;
+use layad_config::{
+    CheckpointSource, Config, ConfigError, Device, Flags, LogFormat, PoolConfig, Problem, Sources,
+    ignored_upstream_variables,
+};
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples"))
+}
+
+/// A temporary directory holding `layad.toml` with `text`.
+struct ConfigFile {
+    dir: tempfile::TempDir,
+}
+
+impl ConfigFile {
+    fn new(text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("layad.toml"), text).expect("write config");
+        Self { dir }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("layad.toml")
+    }
+}
+
+fn sources(file: Option<PathBuf>, env: &[(&str, &str)], listen: Option<&str>) -> Sources {
+    Sources {
+        file,
+        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        flags: Flags {
+            listen: listen.map(|l| l.parse().expect("flag address")),
+        },
+    }
+}
+
+fn load(file: Option<&ConfigFile>, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::load(&sources(file.map(ConfigFile::path), env, None))
+}
+
+/// The single problem of a failed load.
+fn only_problem(result: Result<Config, ConfigError>) -> Problem {
+    let error = result.expect_err("the configuration must be refused");
+    let problems = error.problems();
+    assert_eq!(problems.len(), 1, "{error}");
+    problems[0].clone()
+}
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("address")
+}
+
+#[test]
+fn no_file_gives_the_embedded_defaults() {
+    let config = load(None, &[]).expect("defaults load");
+    assert_eq!(config, Config::default());
+    assert_eq!(config.server.listen, addr("127.0.0.1:8642"));
+    assert_eq!(config.served_checkpoints().len(), 3);
+    assert!(
+        config
+            .served_checkpoints()
+            .iter()
+            .all(|(_, source)| **source == CheckpointSource::HfCache)
+    );
+    assert_eq!(config.pools.len(), 1);
+    let pool = &config.pools[0];
+    assert_eq!(
+        (pool.name.as_str(), pool.workers, pool.device),
+        ("gpu", 1, Device::Auto)
+    );
+    assert_eq!(config.pool_checkpoints(pool), CheckpointName::ALL.to_vec());
+    assert_eq!(config.server.max_body_bytes, 2 * 1024 * 1024);
+    assert!(config.api_key.is_none());
+}
+
+#[test]
+fn layers_apply_in_order_defaults_file_env_flags() {
+    let file = ConfigFile::new(
+        "[server]\nlisten = \"127.0.0.1:1001\"\nbody_timeout = \"3s\"\n[workers]\nstartup_timeout = \"5m\"\n",
+    );
+    let env = [
+        ("LAYAD_SERVER__LISTEN", "127.0.0.1:1002"),
+        ("LAYAD_WORKERS__STARTUP_TIMEOUT", "90s"),
+    ];
+    let file_only = Config::load(&sources(Some(file.path()), &[], None)).expect("file");
+    assert_eq!(file_only.server.listen, addr("127.0.0.1:1001"));
+    assert_eq!(file_only.server.body_timeout, Duration::from_secs(3));
+    assert_eq!(
+        file_only.server.request_timeout,
+        Duration::from_secs(30),
+        "default kept"
+    );
+
+    let with_env = Config::load(&sources(Some(file.path()), &env, None)).expect("env");
+    assert_eq!(with_env.server.listen, addr("127.0.0.1:1002"));
+    assert_eq!(with_env.workers.startup_timeout, Duration::from_secs(90));
+    assert_eq!(with_env.server.body_timeout, Duration::from_secs(3), "file value kept");
+
+    let with_flag = Config::load(&sources(Some(file.path()), &env, Some("127.0.0.1:1003"))).expect("flag");
+    assert_eq!(with_flag.server.listen, addr("127.0.0.1:1003"));
+    assert_eq!(with_flag.workers.startup_timeout, Duration::from_secs(90));
+}
+
+#[test]
+fn environment_values_are_typed_and_nested() {
+    let config = load(
+        None,
+        &[
+            ("LAYAD_SERVER__AUTO_TASK", "true"),
+            ("LAYAD_SERVER__MAX_BODY_BYTES", "4096"),
+            ("LAYAD_SERVER__ALLOWED_HOSTS", "[layad.internal, other.example]"),
+            ("LAYAD_LOGGING__FORMAT", "json"),
+            ("LAYAD_LOGGING__FILTER", "info,layad=debug"),
+            ("LAYAD_CHECKPOINTS__TYPED_DECISIONS", "off"),
+            ("LAYAD_CONFIG", "/not/a/key/but/the/file/name"),
+            ("UNRELATED", "ignored"),
+        ],
+    )
+    .expect("env loads");
+    assert!(config.server.auto_task);
+    assert_eq!(config.server.max_body_bytes, 4096);
+    assert_eq!(config.server.allowed_hosts, ["layad.internal", "other.example"]);
+    assert_eq!(config.logging.format, LogFormat::Json);
+    assert_eq!(config.logging.filter, "info,layad=debug");
+    assert_eq!(config.checkpoints.typed_decisions, CheckpointSource::Off);
+    assert_eq!(config.served_checkpoints().len(), 2);
+}
+
+#[test]
+fn one_variable_replaces_every_pool() {
+    let pools = r#"[{name = "a", device = "cpu", workers = 2}, {name = "b", workers = 0}]"#;
+    let problem = only_problem(load(None, &[("LAYAD_POOL", pools)]));
+    assert_eq!(problem.key, "pool[1].workers");
+    assert_eq!(problem.origin, "environment variable LAYAD_POOL");
+
+    let pools = r#"[{name = "a", device = "cpu", workers = 2}]"#;
+    let config = load(None, &[("LAYAD_POOL", pools)]).expect("loads");
+    assert_eq!(config.pools.len(), 1);
+    assert_eq!((config.pools[0].device, config.pools[0].workers), (Device::Cpu, 2));
+}
+
+#[test]
+fn pools_in_a_file_replace_the_default_pool() {
+    let config = Config::load(&sources(Some(examples_dir().join("two-pools.toml")), &[], None)).expect("loads");
+    let names: Vec<&str> = config.pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["english", "others"]);
+    let english = &config.pools[0];
+    assert_eq!((english.workers, english.threads, english.device), (2, 1, Device::Cpu));
+    assert_eq!(config.pool_checkpoints(english), [CheckpointName::English]);
+    // Keys a pool leaves out take the per-pool defaults.
+    let others = &config.pools[1];
+    let defaults = PoolConfig::named("others");
+    assert_eq!(
+        (others.workers, others.max_rows, others.queue_capacity, others.dtype),
+        (
+            defaults.workers,
+            defaults.max_rows,
+            defaults.queue_capacity,
+            defaults.dtype
+        )
+    );
+}
+
+#[test]
+fn unknown_key_in_the_file_is_named_with_the_file() {
+    let file = ConfigFile::new("[server]\nlisen = \"127.0.0.1:1\"\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "server.lisen");
+    assert_eq!(problem.origin, file.path().display().to_string());
+    assert!(problem.message.contains("unknown key"), "{problem}");
+    assert!(problem.message.contains("listen"), "lists the known keys: {problem}");
+    assert!(
+        problem
+            .to_string()
+            .contains(&format!("server.lisen (in {})", file.path().display())),
+        "{problem}"
+    );
+}
+
+#[test]
+fn unknown_keys_in_a_pool_and_at_the_top_are_named() {
+    let file = ConfigFile::new("[[pool]]\nname = \"gpu\"\nworkerz = 2\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(
+        (problem.key.as_str(), problem.origin.clone()),
+        ("pool[0].workerz", file.path().display().to_string())
+    );
+
+    let file = ConfigFile::new("[servr]\nlisten = \"127.0.0.1:1\"\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "servr");
+    assert_eq!(problem.origin, file.path().display().to_string());
+}
+
+#[test]
+fn unknown_key_in_the_environment_names_the_variable() {
+    let problem = only_problem(load(None, &[("LAYAD_SERVER__LISEN", "127.0.0.1:1")]));
+    assert_eq!(problem.key, "server.lisen");
+    assert_eq!(problem.origin, "environment variable LAYAD_SERVER__LISEN");
+}
+
+#[test]
+fn bad_values_name_key_origin_and_what_was_expected() {
+    let file = ConfigFile::new("[server]\nlisten = \"localhost:80\"\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "server.listen");
+    assert_eq!(problem.origin, file.path().display().to_string());
+
+    let file = ConfigFile::new("[[pool]]\nname = \"gpu\"\ndevice = \"tpu\"\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "pool[0].device");
+    assert!(
+        problem.message.contains("tpu") && problem.message.contains("metal"),
+        "{problem}"
+    );
+
+    let file = ConfigFile::new("[server]\nrequest_timeout = 30\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "server.request_timeout");
+    assert!(problem.message.contains("\"30s\""), "explains the unit: {problem}");
+
+    let problem = only_problem(load(None, &[("LAYAD_SERVER__BODY_TIMEOUT", "soon")]));
+    assert_eq!(problem.key, "server.body_timeout");
+    assert_eq!(problem.origin, "environment variable LAYAD_SERVER__BODY_TIMEOUT");
+
+    let file = ConfigFile::new("[[pool]]\nname = \"gpu\"\ncheckpoints = [\"english\", \"french\"]\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "pool[0].checkpoints");
+    assert!(problem.message.contains("french"), "{problem}");
+
+    let file = ConfigFile::new("[[pool]]\nworkers = 2\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "pool[0].name");
+    assert!(problem.message.contains("required"), "{problem}");
+}
+
+#[test]
+fn a_syntax_error_names_the_file_and_line() {
+    let file = ConfigFile::new("[server\nlisten = 1\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "");
+    assert_eq!(problem.origin, file.path().display().to_string());
+    assert!(problem.message.contains("line 1"), "{problem}");
+}
+
+#[test]
+fn a_missing_config_file_is_an_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nope.toml");
+    match Config::load(&sources(Some(missing.clone()), &[], None)) {
+        Err(ConfigError::Unreadable { path, .. }) => assert_eq!(path, missing),
+        other => panic!("expected Unreadable, got {other:?}"),
+    }
+}
+
+#[test]
+fn cross_key_problems_are_all_reported() {
+    let file = ConfigFile::new(
+        r#"
+[server]
+max_body_bytes = 0
+[checkpoints]
+multilingual = "off"
+[[pool]]
+name = "a"
+workers = 0
+checkpoints = ["english", "multilingual"]
+[[pool]]
+name = "a"
+checkpoints = ["english", "english"]
+[workers]
+restart_backoff_initial = "1m"
+restart_backoff_max = "1s"
+"#,
+    );
+    let error = load(Some(&file), &[]).expect_err("refused");
+    let keys: Vec<&str> = error.problems().iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "server.max_body_bytes",
+            "pool[0].workers",
+            "pool[0].checkpoints",
+            "pool[1].name",
+            "pool[1].checkpoints",
+            "pool",
+            "workers.restart_backoff_max",
+        ],
+        "{error}"
+    );
+    assert!(
+        error
+            .problems()
+            .iter()
+            .all(|p| p.origin == file.path().display().to_string()),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("\"multilingual\" is \"off\""), "{text}");
+    assert!(
+        text.contains("\"typed-decisions\" is served (see [checkpoints]) but no [[pool]] lists it"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_value_from_the_environment_is_blamed_on_the_variable() {
+    let problem = only_problem(load(None, &[("LAYAD_SERVER__MAX_CONNECTIONS", "0")]));
+    assert_eq!(problem.key, "server.max_connections");
+    assert_eq!(problem.origin, "environment variable LAYAD_SERVER__MAX_CONNECTIONS");
+}
+
+#[test]
+fn serving_nothing_is_refused() {
+    let problem = only_problem(load(
+        None,
+        &[
+            ("LAYAD_CHECKPOINTS__ENGLISH", "off"),
+            ("LAYAD_CHECKPOINTS__MULTILINGUAL", "off"),
+            ("LAYAD_CHECKPOINTS__TYPED_DECISIONS", "off"),
+        ],
+    ));
+    assert_eq!(problem.key, "checkpoints");
+}
+
+#[test]
+fn relative_paths_follow_the_file_that_wrote_them() {
+    let file = ConfigFile::new("[checkpoints]\nenglish = \"ckpt/english\"\n[workers]\nsocket_dir = \"run\"\n");
+    let config = load(
+        Some(&file),
+        &[
+            ("LAYAD_CHECKPOINTS__MULTILINGUAL", "from-env"),
+            ("LAYAD_WORKERS__BINARY_DIR", "/opt/layad"),
+        ],
+    )
+    .expect("loads");
+    assert_eq!(
+        config.checkpoints.english,
+        CheckpointSource::Directory(file.dir.path().join("ckpt/english"))
+    );
+    assert_eq!(config.workers.socket_dir, Some(file.dir.path().join("run")));
+    let cwd = std::env::current_dir().expect("cwd");
+    assert_eq!(
+        config.checkpoints.multilingual,
+        CheckpointSource::Directory(cwd.join("from-env"))
+    );
+    assert_eq!(config.workers.binary_dir, Some(PathBuf::from("/opt/layad")));
+    assert_eq!(config.checkpoints.typed_decisions, CheckpointSource::HfCache);
+}
+
+#[test]
+fn the_api_key_comes_from_laya_api_key_or_a_file_never_both() {
+    let config = load(None, &[("LAYA_API_KEY", "secret")]).expect("loads");
+    assert_eq!(config.api_key.as_ref().map(|k| k.expose()), Some("secret"));
+    assert!(!format!("{config:?}").contains("secret"), "Debug must not show the key");
+
+    // Upstream: set but empty means no key.
+    assert!(load(None, &[("LAYA_API_KEY", "")]).expect("loads").api_key.is_none());
+
+    let file = ConfigFile::new("[server]\napi_key_file = \"key.txt\"\n");
+    std::fs::write(file.dir.path().join("key.txt"), "from-file\n").expect("write key");
+    let config = load(Some(&file), &[]).expect("loads");
+    assert_eq!(config.api_key.as_ref().map(|k| k.expose()), Some("from-file"));
+
+    let problem = only_problem(load(Some(&file), &[("LAYA_API_KEY", "secret")]));
+    assert_eq!(problem.key, "server.api_key_file");
+    assert!(problem.message.contains("LAYA_API_KEY"), "{problem}");
+
+    std::fs::write(file.dir.path().join("key.txt"), "\n").expect("write key");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert!(problem.message.contains("is empty"), "{problem}");
+
+    std::fs::remove_file(file.dir.path().join("key.txt")).expect("remove key");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert!(problem.message.contains("cannot read"), "{problem}");
+}
+
+#[test]
+fn upstream_variables_that_layad_does_not_read_are_listed() {
+    let s = sources(
+        None,
+        &[("LAYA_PORT", "8000"), ("LAYA_API_KEY", "k"), ("LAYA_AUTO_TASK", "1")],
+        None,
+    );
+    let ignored: Vec<&str> = ignored_upstream_variables(&s)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(ignored, ["LAYA_PORT", "LAYA_AUTO_TASK"]);
+}
+
+#[test]
+fn every_example_loads() {
+    let mut loaded = 0;
+    for entry in std::fs::read_dir(examples_dir()).expect("examples") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        Config::load(&sources(Some(path.clone()), &[], None)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        loaded += 1;
+    }
+    assert!(loaded >= 5, "{loaded} examples");
+}
+
+#[test]
+fn the_defaults_example_is_exactly_the_defaults() {
+    let config = Config::load(&sources(Some(examples_dir().join("defaults.toml")), &[], None)).expect("loads");
+    assert_eq!(config, Config::default());
+}
+
+#[test]
+fn the_local_checkpoints_example_points_at_real_directories() {
+    let config = Config::load(&sources(Some(examples_dir().join("local-checkpoints.toml")), &[], None)).expect("loads");
+    for (name, source) in config.served_checkpoints() {
+        match source {
+            CheckpointSource::Directory(dir) => {
+                assert!(
+                    dir.join("rl_agent_config.json").is_file(),
+                    "{}: {}",
+                    name.as_str(),
+                    dir.display()
+                )
+            }
+            other => panic!("{}: {other:?}", name.as_str()),
+        }
+    }
+}
+
+/// Every key of the schema, dotted (`server.listen`, `pool.workers`), from a fully populated config.
+fn every_key() -> Vec<String> {
+    let mut config = Config::default();
+    config.server.api_key_file = Some(PathBuf::from("k"));
+    config.workers.binary_dir = Some(PathBuf::from("b"));
+    config.workers.socket_dir = Some(PathBuf::from("s"));
+    config.pools[0].checkpoints = Some(vec![CheckpointName::English]);
+    let value = toml::Value::try_from(&config).expect("serializes");
+    let mut keys = Vec::new();
+    fn walk(prefix: &str, value: &toml::Value, keys: &mut Vec<String>) {
+        match value {
+            toml::Value::Table(table) => {
+                for (k, v) in table {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, keys);
+                }
+            }
+            toml::Value::Array(items) if items.iter().all(toml::Value::is_table) && !items.is_empty() => {
+                walk(prefix, &items[0], keys)
+            }
+            _ => keys.push(prefix.to_owned()),
+        }
+    }
+    walk("", &value, &mut keys);
+    keys
+}
+
+#[test]
+fn the_readme_documents_every_key() {
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).expect("config/README.md");
+    let keys = every_key();
+    assert!(keys.len() >= 30, "{keys:?}");
+    let missing: Vec<&String> = keys.iter().filter(|k| !readme.contains(&format!("`{k}`"))).collect();
+    assert!(missing.is_empty(), "config/README.md does not document {missing:?}");
+}
+
+#[cfg(not(target_os = "macos"))]
+#[test]
+fn a_neural_engine_pool_is_refused_off_macos() {
+    let file = ConfigFile::new("[[pool]]\nname = \"ane\"\nworker = \"ane\"\ndevice = \"cpu\"\n");
+    let error = load(Some(&file), &[]).expect_err("refused");
+    let keys: Vec<&str> = error.problems().iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["pool[0].worker", "pool[0].device"], "{error}");
+}

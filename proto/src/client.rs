@@ -1,0 +1,206 @@
+//! The supervisor's gRPC client for one worker socket: connects over the Unix socket, refuses a worker
+//! that speaks another protocol revision, and sorts failures into retryable and not.
+
+use std::path::{Path, PathBuf};
+
+use futures::{Stream, StreamExt};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::PROTOCOL_VERSION;
+use crate::engine::{EngineOutput, EngineRow};
+use crate::pb;
+use crate::pb::worker_client::WorkerClient as GeneratedClient;
+
+/// Handle on one worker. Cloning is cheap (one shared HTTP/2 connection) and clones may be used
+/// concurrently; the worker runs the forwards one batch at a time in arrival order.
+#[derive(Clone, Debug)]
+pub struct WorkerClient {
+    inner: GeneratedClient<Channel>,
+    socket: PathBuf,
+}
+
+/// The answer to one forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForwardResult {
+    /// One output per request row, in order.
+    pub outputs: Vec<EngineOutput>,
+    /// Wall time of the engine's forward on the worker, in microseconds.
+    pub device_us: u64,
+    /// Time the batch waited on the worker behind earlier batches, in microseconds.
+    pub queue_us: u64,
+}
+
+/// Why a call to a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing answers on the socket (no worker yet, or it exited). Retryable.
+    #[error("cannot connect to worker socket {socket}: {reason}")]
+    Connect {
+        /// The socket path.
+        socket: PathBuf,
+        /// The transport's error, with its causes.
+        reason: String,
+    },
+    /// The worker speaks another protocol; it must not be used.
+    #[error("worker at {socket} {detail}; this supervisor speaks layad.worker.v1 revision {PROTOCOL_VERSION}")]
+    VersionMismatch {
+        /// The socket path.
+        socket: PathBuf,
+        /// What the worker said (its revision, or that it lacks the v1 service).
+        detail: String,
+    },
+    /// The worker refused the request as malformed (INVALID_ARGUMENT); the message names the problem.
+    /// Sending it again, anywhere, fails the same way.
+    #[error("worker refused the request: {0}")]
+    InvalidArgument(String),
+    /// The worker is gone, draining, failed or unreachable (UNAVAILABLE or a transport error). The
+    /// request did not produce an answer; it may be retried on another worker.
+    #[error("worker unavailable: {0}")]
+    Unavailable(String),
+    /// Any other failure reported by the worker (INTERNAL for an engine error, …).
+    #[error("worker failed ({code:?}): {message}")]
+    Worker {
+        /// The gRPC status code.
+        code: Code,
+        /// The worker's message.
+        message: String,
+    },
+    /// The worker's reply breaks the protocol (e.g. a row count that differs from the request).
+    #[error("malformed reply from worker: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// True when the request produced no answer because the worker could not take it: another
+    /// worker may run it.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClientError::Connect { .. } | ClientError::Unavailable(_))
+    }
+}
+
+impl From<Status> for ClientError {
+    fn from(status: Status) -> Self {
+        let message = status.message().to_owned();
+        match status.code() {
+            Code::InvalidArgument => ClientError::InvalidArgument(message),
+            Code::Unavailable => ClientError::Unavailable(message),
+            // A connection that breaks mid-call (the worker died) surfaces as UNKNOWN or CANCELLED
+            // carrying the transport error as its source.
+            Code::Unknown | Code::Cancelled if is_transport_failure(&status) => {
+                ClientError::Unavailable(error_chain(&status))
+            }
+            code => ClientError::Worker { code, message },
+        }
+    }
+}
+
+fn is_transport_failure(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::transport::Error>() || error.is::<std::io::Error>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+impl WorkerClient {
+    /// Connects to the worker listening on `socket` and checks its protocol revision.
+    pub async fn connect_uds(socket: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let socket = socket.as_ref().to_owned();
+        let connect_error = |error: &dyn std::error::Error| ClientError::Connect {
+            socket: socket.clone(),
+            reason: error_chain(error),
+        };
+        // The URI is required by the HTTP layer but never resolved: the connector below opens the socket.
+        let endpoint = Endpoint::try_from("http://worker.invalid").map_err(|e| connect_error(&e))?;
+        let path = socket.clone();
+        let channel = endpoint
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            }))
+            .await
+            .map_err(|e| connect_error(&e))?;
+        let client = WorkerClient {
+            inner: GeneratedClient::new(channel),
+            socket,
+        };
+        let info = match client.inner.clone().describe(pb::DescribeRequest {}).await {
+            Ok(reply) => reply.into_inner(),
+            Err(status) if status.code() == Code::Unimplemented => {
+                return Err(ClientError::VersionMismatch {
+                    socket: client.socket,
+                    detail: format!("does not implement layad.worker.v1.Worker ({})", status.message()),
+                });
+            }
+            Err(status) => return Err(status.into()),
+        };
+        if info.protocol_version != PROTOCOL_VERSION {
+            return Err(ClientError::VersionMismatch {
+                socket: client.socket,
+                detail: format!("speaks layad.worker.v1 revision {}", info.protocol_version),
+            });
+        }
+        Ok(client)
+    }
+
+    /// The socket this client talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// What the worker runs, its state, limits, warm-up timings and memory.
+    pub async fn describe(&self) -> Result<pb::WorkerInfo, ClientError> {
+        Ok(self.inner.clone().describe(pb::DescribeRequest {}).await?.into_inner())
+    }
+
+    /// Runs `rows` on `checkpoint` in one batch.
+    pub async fn forward(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<ForwardResult, ClientError> {
+        let request = pb::ForwardRequest {
+            checkpoint: checkpoint.to_owned(),
+            rows: rows.iter().map(pb::Row::from).collect(),
+        };
+        let reply = self.inner.clone().forward(request).await?.into_inner();
+        if reply.rows.len() != rows.len() {
+            return Err(ClientError::Protocol(format!(
+                "{} outputs for a forward of {} rows",
+                reply.rows.len(),
+                rows.len()
+            )));
+        }
+        Ok(ForwardResult {
+            outputs: reply.rows.into_iter().map(EngineOutput::from).collect(),
+            device_us: reply.device_us,
+            queue_us: reply.queue_us,
+        })
+    }
+
+    /// The worker's state now, then every change; the stream ends when the worker stops serving.
+    pub async fn watch(
+        &self,
+    ) -> Result<impl Stream<Item = Result<pb::WorkerStatus, ClientError>> + use<>, ClientError> {
+        let stream = self.inner.clone().watch(pb::WatchRequest {}).await?.into_inner();
+        Ok(stream.map(|item| item.map_err(ClientError::from)))
+    }
+
+    /// Stops the worker taking new forwards; returns once those in flight are answered.
+    pub async fn drain(&self) -> Result<pb::DrainReply, ClientError> {
+        Ok(self.inner.clone().drain(pb::DrainRequest {}).await?.into_inner())
+    }
+}

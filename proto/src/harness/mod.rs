@@ -1,0 +1,293 @@
+//! The serving harness every worker binary runs: load the engine, warm every checkpoint, bind the
+//! private Unix socket only then, serve the protocol, and stop on SIGTERM or when the supervisor dies.
+//!
+//! Start-up is a sequence of named steps, each with its own [`HarnessError`] variant, so a worker that
+//! fails to start says which step broke: socket directory, liveness pipe, load, warm-up, bind.
+//! Order of a clean stop (SIGTERM): state `draining`, the socket file is removed and the listener
+//! closed, every forward already accepted is answered, watch streams end, then [`serve`] returns.
+//! When the supervisor is gone nobody waits for answers, so [`serve`] returns at once.
+
+mod lifetime;
+mod memory;
+mod runner;
+mod service;
+mod socket;
+
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Engine;
+use crate::pb;
+use crate::warmup::WarmupPolicy;
+
+/// Error a load closure may return; its message becomes part of [`HarnessError::Load`].
+pub type LoadError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How to run one worker.
+#[derive(Clone, Debug)]
+pub struct HarnessOptions {
+    /// Unix socket to serve on. Its directory must be private (mode 0700, owned by this user) and is
+    /// created with mode 0700 if missing; the socket itself gets mode 0600.
+    pub socket: PathBuf,
+    /// Read end of the supervisor's liveness pipe: end-of-file on it means the supervisor is gone.
+    pub liveness_fd: Option<RawFd>,
+    /// Device as asked for on the command line (`auto`, `cpu`, `metal`, `cuda`, `cuda:1`, …), reported
+    /// next to the device in use so that a fallback is never silent.
+    pub requested_device: String,
+    /// Binary name and version reported by Describe, e.g. `layad-worker-gpu 0.1.0`.
+    pub worker: String,
+    /// Shapes and repetitions of the warm-up.
+    pub warmup: WarmupPolicy,
+}
+
+/// Why a worker was asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM or SIGINT: finish what was accepted, then exit cleanly.
+    Terminate,
+    /// The supervisor died (liveness pipe closed, or parent-death signal with a new parent): exit now.
+    SupervisorGone,
+}
+
+/// How [`serve`] ended without an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServeOutcome {
+    /// Asked to stop before the worker was ready; the socket was never bound.
+    StoppedBeforeReady(StopReason),
+    /// Stopped on request after answering every forward it had accepted.
+    Terminated {
+        /// Forwards answered successfully over the worker's life.
+        forwards_served: u64,
+    },
+    /// The supervisor died; the worker stopped without waiting for forwards in flight.
+    SupervisorGone,
+}
+
+/// Why a worker could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// The socket's directory is missing and cannot be created, or is not private.
+    #[error("socket directory {dir}: {reason}")]
+    SocketDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The socket path cannot be used (another worker answers on it, or it is not a socket).
+    #[error("socket {path}: {reason}")]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The liveness pipe given on the command line cannot be watched.
+    #[error("liveness pipe (fd {fd}): {source}")]
+    Liveness {
+        /// The file descriptor number.
+        fd: RawFd,
+        /// Why it cannot be used.
+        source: std::io::Error,
+    },
+    /// Signal handlers or the parent-death signal could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The async runtime or the engine thread could not be started.
+    #[error("starting the worker runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The load closure failed (bad checkpoint, device not available, …).
+    #[error("loading the engine: {0}")]
+    Load(LoadError),
+    /// A warm-up forward failed or returned outputs that do not match its rows.
+    #[error("warm-up of checkpoint {checkpoint} on shape {shape} failed: {reason}")]
+    Warmup {
+        /// Checkpoint name.
+        checkpoint: String,
+        /// Shape name and size.
+        shape: String,
+        /// The engine's error or the output problem.
+        reason: String,
+    },
+    /// The engine panicked or its thread stopped.
+    #[error("engine failed: {0}")]
+    EngineFailed(String),
+    /// The gRPC server stopped with an error.
+    #[error("gRPC server: {0}")]
+    Server(#[from] tonic::transport::Error),
+}
+
+/// True when `in_use` is what `requested` asked for: `auto` accepts any device, `cuda` accepts
+/// `cuda:N`, anything else must match exactly.
+pub fn device_satisfies(requested: &str, in_use: &str) -> bool {
+    requested == "auto"
+        || requested == in_use
+        || in_use.strip_prefix(requested).is_some_and(|rest| rest.starts_with(':'))
+}
+
+/// Runs a worker process to its end: builds the async runtime, watches SIGTERM/SIGINT, the liveness
+/// pipe and (Linux) the parent-death signal, then [`serve`]s. Call it once, from `main`.
+pub fn run<E, L>(load: L, options: HarnessOptions) -> Result<ServeOutcome, HarnessError>
+where
+    E: Engine,
+    L: FnOnce() -> Result<E, LoadError> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(HarnessError::Runtime)?;
+    runtime.block_on(async {
+        let stop = lifetime::watch_stop_signals(options.liveness_fd)?;
+        serve(load, options, stop).await
+    })
+}
+
+/// Serves one engine until a [`StopReason`] arrives on `stop` or the engine fails. A second reason
+/// may follow the first: `SupervisorGone` during a `Terminate` drain abandons the drain. A closed
+/// `stop` channel means no stop will come from there.
+pub async fn serve<E, L>(
+    load: L,
+    options: HarnessOptions,
+    mut stop: mpsc::Receiver<StopReason>,
+) -> Result<ServeOutcome, HarnessError>
+where
+    E: Engine,
+    L: FnOnce() -> Result<E, LoadError> + Send + 'static,
+{
+    let socket = socket::SocketPath::prepare(&options.socket)?;
+    let (status, _) = watch::channel(status_of(pb::WorkerState::Loading, None));
+    tracing::info!(state = "loading", socket = %options.socket.display(), pid = std::process::id(), "worker starting");
+    let engine_failed = CancellationToken::new();
+    let (runner, started) = runner::spawn(load, options.warmup.clone(), status.clone(), engine_failed.clone())?;
+
+    let started = tokio::select! {
+        started = started => started.map_err(|_| HarnessError::EngineFailed("engine thread stopped during start-up".into()))??,
+        reason = next_stop(&mut stop) => {
+            tracing::info!(?reason, "stopped before ready");
+            return Ok(ServeOutcome::StoppedBeforeReady(reason));
+        }
+    };
+
+    let (listener, bound) = socket.bind()?;
+    let device_mismatch = !device_satisfies(&options.requested_device, &started.info.device);
+    if device_mismatch {
+        tracing::warn!(
+            requested = %options.requested_device,
+            in_use = %started.info.device,
+            "the engine runs on another device than the one requested"
+        );
+    }
+    let shared = Arc::new(service::Shared::new(
+        &options,
+        started,
+        device_mismatch,
+        runner,
+        status.clone(),
+    ));
+    let stopping = shared.stopping.clone();
+    let server = tonic::transport::Server::builder()
+        .add_service(pb::worker_server::WorkerServer::new(service::WorkerService::new(
+            shared.clone(),
+        )))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopping.clone().cancelled_owned());
+    tokio::pin!(server);
+    status.send_replace(status_of(pb::WorkerState::Ready, None));
+    tracing::info!(state = "ready", socket = %options.socket.display(), "worker ready");
+
+    let reason = tokio::select! {
+        result = &mut server => {
+            bound.remove();
+            result?;
+            return Err(HarnessError::EngineFailed("the gRPC server stopped on its own".into()));
+        }
+        reason = next_stop(&mut stop) => Ok(reason),
+        () = engine_failed.cancelled() => Err(shared.failure().unwrap_or_else(|| "engine stopped".into())),
+    };
+    bound.remove();
+    match reason {
+        Ok(StopReason::SupervisorGone) => {
+            tracing::warn!("supervisor gone; stopping without waiting for forwards in flight");
+            Ok(ServeOutcome::SupervisorGone)
+        }
+        Ok(StopReason::Terminate) => {
+            status.send_if_modified(|s| {
+                let ready = s.state() == pb::WorkerState::Ready;
+                if ready {
+                    *s = status_of(pb::WorkerState::Draining, None);
+                }
+                ready
+            });
+            tracing::info!(
+                state = "draining",
+                in_flight = shared.in_flight(),
+                "stopping: finishing forwards in flight"
+            );
+            stopping.cancel();
+            loop {
+                tokio::select! {
+                    result = &mut server => {
+                        result?;
+                        break;
+                    }
+                    reason = next_stop(&mut stop) => if reason == StopReason::SupervisorGone {
+                        tracing::warn!("supervisor gone while draining; stopping now");
+                        return Ok(ServeOutcome::SupervisorGone);
+                    },
+                }
+            }
+            if engine_failed.is_cancelled() {
+                let failure = shared.failure().unwrap_or_else(|| "engine stopped".into());
+                tracing::error!(%failure, "the engine failed while draining");
+                return Err(HarnessError::EngineFailed(failure));
+            }
+            let forwards_served = shared.forwards_served();
+            tracing::info!(forwards_served, "worker stopped");
+            Ok(ServeOutcome::Terminated { forwards_served })
+        }
+        Err(failure) => {
+            tracing::error!(state = "failed", %failure, "engine failed; stopping");
+            stopping.cancel();
+            server.await?;
+            Err(HarnessError::EngineFailed(failure))
+        }
+    }
+}
+
+/// The next stop request; never resolves once every sender is gone.
+async fn next_stop(stop: &mut mpsc::Receiver<StopReason>) -> StopReason {
+    match stop.recv().await {
+        Some(reason) => reason,
+        None => std::future::pending().await,
+    }
+}
+
+fn status_of(state: pb::WorkerState, failure: Option<String>) -> pb::WorkerStatus {
+    pb::WorkerStatus {
+        state: state as i32,
+        failure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_satisfies;
+
+    #[test]
+    fn a_fallback_is_a_mismatch_and_auto_never_is() {
+        assert!(device_satisfies("auto", "cpu"));
+        assert!(device_satisfies("auto", "cuda:0"));
+        assert!(device_satisfies("cpu", "cpu"));
+        assert!(device_satisfies("cuda", "cuda:1"));
+        assert!(device_satisfies("cuda:1", "cuda:1"));
+        assert!(device_satisfies("metal", "metal"));
+        assert!(!device_satisfies("metal", "cpu"));
+        assert!(!device_satisfies("cuda:1", "cuda:0"));
+        assert!(!device_satisfies("cuda", "cpu"));
+        assert!(!device_satisfies("cuda", "cudax"));
+    }
+}

@@ -1,0 +1,362 @@
+//! Generic checks around the engine: a forward request against the limits the engine reported, before
+//! it reaches the engine, and the engine's outputs against the request, before they reach the wire.
+
+use crate::engine::{EngineInfo, EngineOutput, EngineRow};
+
+/// What a forward may contain, taken once from the engine's [`EngineInfo`].
+#[derive(Clone, Debug)]
+pub(crate) struct ForwardLimits {
+    checkpoints: Vec<CheckpointLimits>,
+    max_rows: u32,
+    max_batch_tokens: u32,
+    /// Largest length bucket, when the engine pads to fixed lengths.
+    longest_bucket: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+struct CheckpointLimits {
+    name: String,
+    vocab_size: u32,
+    max_len: u32,
+}
+
+/// Why a forward request was refused; each message names the row, position and limit involved.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum InvalidForward {
+    #[error("unknown checkpoint {name:?}; this worker serves {served}")]
+    UnknownCheckpoint { name: String, served: String },
+    #[error("the forward has no rows")]
+    NoRows,
+    #[error("the forward has {rows} rows; this worker takes at most {max_rows} rows per forward")]
+    TooManyRows { rows: usize, max_rows: u32 },
+    #[error("the forward has {tokens} tokens in all; this worker takes at most {max_batch_tokens} tokens per forward")]
+    TooManyTokens { tokens: usize, max_batch_tokens: u32 },
+    #[error("row {row} has no tokens")]
+    EmptyRow { row: usize },
+    #[error("row {row} has {len} tokens; checkpoint {checkpoint} takes at most {max_len}")]
+    RowTooLong {
+        row: usize,
+        len: usize,
+        checkpoint: String,
+        max_len: u32,
+    },
+    #[error("row {row} has {len} tokens; the longest length bucket of this worker is {bucket}")]
+    RowLongerThanBuckets { row: usize, len: usize, bucket: u32 },
+    #[error(
+        "row {row} position {position} has token id {id}; checkpoint {checkpoint} has {vocab_size} ids (0..{vocab_size})"
+    )]
+    IdOutOfRange {
+        row: usize,
+        position: usize,
+        id: u32,
+        checkpoint: String,
+        vocab_size: u32,
+    },
+    #[error("row {row} has no markers")]
+    NoMarkers { row: usize },
+    #[error("row {row} marker {marker} is at position {position}, outside the row ({len} tokens)")]
+    MarkerOutsideRow {
+        row: usize,
+        marker: usize,
+        position: u32,
+        len: usize,
+    },
+    #[error("row {row} marker {marker} is at position {position}, not after the previous marker at {previous}")]
+    MarkersNotIncreasing {
+        row: usize,
+        marker: usize,
+        position: u32,
+        previous: u32,
+    },
+    #[error("row {row} has qtype {qtype}; expected 0 (choice), 1 (score) or 2 (noul)")]
+    UnknownQtype { row: usize, qtype: u32 },
+}
+
+impl ForwardLimits {
+    /// Limits of the engine described by `info`.
+    pub(crate) fn from_info(info: &EngineInfo) -> Self {
+        ForwardLimits {
+            checkpoints: info
+                .checkpoints
+                .iter()
+                .map(|c| CheckpointLimits {
+                    name: c.name.clone(),
+                    vocab_size: c.vocab_size,
+                    max_len: c.max_len,
+                })
+                .collect(),
+            max_rows: info.max_rows,
+            max_batch_tokens: info.max_batch_tokens,
+            longest_bucket: info.length_buckets.iter().copied().max(),
+        }
+    }
+
+    /// Checks one forward; the first problem found is the answer.
+    pub(crate) fn check(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<(), InvalidForward> {
+        let limits = self.checkpoints.iter().find(|c| c.name == checkpoint).ok_or_else(|| {
+            let served: Vec<&str> = self.checkpoints.iter().map(|c| c.name.as_str()).collect();
+            InvalidForward::UnknownCheckpoint {
+                name: checkpoint.to_owned(),
+                served: served.join(", "),
+            }
+        })?;
+        if rows.is_empty() {
+            return Err(InvalidForward::NoRows);
+        }
+        if rows.len() > self.max_rows as usize {
+            return Err(InvalidForward::TooManyRows {
+                rows: rows.len(),
+                max_rows: self.max_rows,
+            });
+        }
+        let tokens: usize = rows.iter().map(|r| r.ids.len()).sum();
+        if tokens > self.max_batch_tokens as usize {
+            return Err(InvalidForward::TooManyTokens {
+                tokens,
+                max_batch_tokens: self.max_batch_tokens,
+            });
+        }
+        for (index, row) in rows.iter().enumerate() {
+            self.check_row(limits, index, row)?;
+        }
+        Ok(())
+    }
+
+    fn check_row(&self, limits: &CheckpointLimits, row: usize, data: &EngineRow) -> Result<(), InvalidForward> {
+        let len = data.ids.len();
+        if len == 0 {
+            return Err(InvalidForward::EmptyRow { row });
+        }
+        if len > limits.max_len as usize {
+            return Err(InvalidForward::RowTooLong {
+                row,
+                len,
+                checkpoint: limits.name.clone(),
+                max_len: limits.max_len,
+            });
+        }
+        if let Some(bucket) = self.longest_bucket.filter(|&b| len > b as usize) {
+            return Err(InvalidForward::RowLongerThanBuckets { row, len, bucket });
+        }
+        if let Some((position, &id)) = data.ids.iter().enumerate().find(|(_, id)| **id >= limits.vocab_size) {
+            return Err(InvalidForward::IdOutOfRange {
+                row,
+                position,
+                id,
+                checkpoint: limits.name.clone(),
+                vocab_size: limits.vocab_size,
+            });
+        }
+        if data.markers.is_empty() {
+            return Err(InvalidForward::NoMarkers { row });
+        }
+        let mut previous: Option<u32> = None;
+        for (marker, &position) in data.markers.iter().enumerate() {
+            if position as usize >= len {
+                return Err(InvalidForward::MarkerOutsideRow {
+                    row,
+                    marker,
+                    position,
+                    len,
+                });
+            }
+            if let Some(previous) = previous.filter(|&p| position <= p) {
+                return Err(InvalidForward::MarkersNotIncreasing {
+                    row,
+                    marker,
+                    position,
+                    previous,
+                });
+            }
+            previous = Some(position);
+        }
+        if data.qtype > 2 {
+            return Err(InvalidForward::UnknownQtype { row, qtype: data.qtype });
+        }
+        Ok(())
+    }
+}
+
+/// Checks that the engine answered every row with one finite logit per marker and finite act
+/// probabilities; a failure here is an engine bug, reported instead of sent on.
+pub(crate) fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(), String> {
+    if outputs.len() != rows.len() {
+        return Err(format!(
+            "engine returned {} outputs for {} rows",
+            outputs.len(),
+            rows.len()
+        ));
+    }
+    for (index, (row, output)) in rows.iter().zip(outputs).enumerate() {
+        if output.logits.len() != row.markers.len() {
+            return Err(format!(
+                "row {index}: engine returned {} logits for {} markers",
+                output.logits.len(),
+                row.markers.len()
+            ));
+        }
+        if output.act_probabilities.is_empty() {
+            return Err(format!("row {index}: engine returned no act probabilities"));
+        }
+        if let Some(value) = output
+            .logits
+            .iter()
+            .chain(&output.act_probabilities)
+            .find(|v| !v.is_finite())
+        {
+            return Err(format!("row {index}: engine returned a non-finite value ({value})"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::LoadedCheckpoint;
+
+    fn info(length_buckets: Vec<u32>) -> EngineInfo {
+        let checkpoint = |name: &str, vocab_size, max_len| LoadedCheckpoint {
+            name: name.into(),
+            revision: None,
+            weights_sha256: "00".into(),
+            vocab_size,
+            max_len,
+        };
+        EngineInfo {
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            checkpoints: vec![checkpoint("english", 701, 96), checkpoint("multilingual", 776, 128)],
+            max_rows: 4,
+            max_batch_tokens: 200,
+            length_buckets,
+        }
+    }
+
+    fn row(len: u32, markers: Vec<u32>) -> EngineRow {
+        EngineRow {
+            ids: (0..len).collect(),
+            markers,
+            qtype: 0,
+        }
+    }
+
+    fn check(rows: &[EngineRow]) -> Result<(), InvalidForward> {
+        ForwardLimits::from_info(&info(vec![])).check("english", rows)
+    }
+
+    #[test]
+    fn accepts_rows_at_every_limit() {
+        let limits = ForwardLimits::from_info(&info(vec![]));
+        assert_eq!(
+            check(&[row(96, vec![0, 95]), row(96, vec![5]), row(8, vec![1])]),
+            Ok(())
+        );
+        let mut top = row(128, vec![127]);
+        top.ids[0] = 775;
+        top.qtype = 2;
+        assert_eq!(limits.check("multilingual", &[top]), Ok(()));
+    }
+
+    #[test]
+    fn names_every_problem() {
+        let limits = ForwardLimits::from_info(&info(vec![]));
+        let message = limits
+            .check("klingon", &[row(4, vec![1])])
+            .expect_err("refused")
+            .to_string();
+        assert_eq!(
+            message,
+            "unknown checkpoint \"klingon\"; this worker serves english, multilingual"
+        );
+        assert_eq!(check(&[]), Err(InvalidForward::NoRows));
+        let five = vec![row(4, vec![1]); 5];
+        assert_eq!(check(&five), Err(InvalidForward::TooManyRows { rows: 5, max_rows: 4 }));
+        let three_long = vec![row(90, vec![1]); 3];
+        assert_eq!(
+            check(&three_long),
+            Err(InvalidForward::TooManyTokens {
+                tokens: 270,
+                max_batch_tokens: 200
+            })
+        );
+        assert_eq!(
+            check(&[row(4, vec![1]), row(0, vec![])]),
+            Err(InvalidForward::EmptyRow { row: 1 })
+        );
+        assert_eq!(
+            check(&[row(97, vec![1])]).expect_err("refused").to_string(),
+            "row 0 has 97 tokens; checkpoint english takes at most 96"
+        );
+        let mut bad_id = row(10, vec![1]);
+        bad_id.ids[7] = 701;
+        assert_eq!(
+            check(&[bad_id]).expect_err("refused").to_string(),
+            "row 0 position 7 has token id 701; checkpoint english has 701 ids (0..701)"
+        );
+        assert_eq!(check(&[row(10, vec![])]), Err(InvalidForward::NoMarkers { row: 0 }));
+        assert_eq!(
+            check(&[row(10, vec![3, 10])]).expect_err("refused").to_string(),
+            "row 0 marker 1 is at position 10, outside the row (10 tokens)"
+        );
+        assert_eq!(
+            check(&[row(10, vec![3, 3])]),
+            Err(InvalidForward::MarkersNotIncreasing {
+                row: 0,
+                marker: 1,
+                position: 3,
+                previous: 3
+            })
+        );
+        let mut qtype = row(10, vec![1]);
+        qtype.qtype = 3;
+        assert_eq!(check(&[qtype]), Err(InvalidForward::UnknownQtype { row: 0, qtype: 3 }));
+    }
+
+    #[test]
+    fn bucketed_engines_refuse_rows_beyond_their_longest_bucket() {
+        let limits = ForwardLimits::from_info(&info(vec![32, 64]));
+        assert_eq!(limits.check("english", &[row(64, vec![1])]), Ok(()));
+        assert_eq!(
+            limits.check("english", &[row(65, vec![1])]),
+            Err(InvalidForward::RowLongerThanBuckets {
+                row: 0,
+                len: 65,
+                bucket: 64
+            })
+        );
+    }
+
+    #[test]
+    fn outputs_must_match_the_rows_and_be_finite() {
+        let rows = [row(10, vec![1, 2]), row(10, vec![3])];
+        let output = |logits: Vec<f32>| EngineOutput {
+            logits,
+            act_probabilities: vec![0.4, 0.6],
+        };
+        assert_eq!(
+            check_outputs(&rows, &[output(vec![1.0, 2.0]), output(vec![3.0])]),
+            Ok(())
+        );
+        assert_eq!(
+            check_outputs(&rows, &[output(vec![1.0, 2.0])]),
+            Err("engine returned 1 outputs for 2 rows".to_owned())
+        );
+        assert_eq!(
+            check_outputs(&rows, &[output(vec![1.0]), output(vec![3.0])]),
+            Err("row 0: engine returned 1 logits for 2 markers".to_owned())
+        );
+        assert_eq!(
+            check_outputs(&rows, &[output(vec![1.0, 2.0]), output(vec![f32::NAN])]),
+            Err("row 1: engine returned a non-finite value (NaN)".to_owned())
+        );
+        let no_act = EngineOutput {
+            logits: vec![3.0],
+            act_probabilities: vec![],
+        };
+        assert_eq!(
+            check_outputs(&rows, &[output(vec![1.0, 2.0]), no_act]),
+            Err("row 1: engine returned no act probabilities".to_owned())
+        );
+    }
+}

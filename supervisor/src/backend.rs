@@ -1,0 +1,233 @@
+//! The seam between the HTTP side and whatever runs the model: the [`Backend`] trait, the [`Job`] it
+//! takes, what it answers, and the status snapshot `/health`, `/readyz` and `/metrics` are built from.
+//!
+//! The worker pool (scheduler + process manager) implements it; tests implement it with goldens.
+
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use laya::decision::RowOutput;
+use laya::prompt::Row;
+use laya::routing::CheckpointName;
+
+/// Runs prompt rows on a worker and reports on the workers. Object-safe: the server holds an
+/// `Arc<dyn Backend>`.
+pub trait Backend: Send + Sync + 'static {
+    /// Runs the rows of one request on a worker that serves `job.checkpoint`. Dropping the future
+    /// (the client went away) withdraws the job if it has not started.
+    fn run(&self, job: Job) -> BoxFuture<'static, Result<JobOutput, BackendError>>;
+
+    /// A snapshot of every pool and worker, for `/health`, `/readyz` and `/metrics`.
+    fn status(&self) -> BackendStatus;
+}
+
+/// The model work of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// The request's id (`x-request-id`), for logs on both sides.
+    pub request_id: String,
+    /// The checkpoint the rows were built for.
+    pub checkpoint: CheckpointName,
+    /// One row per question, in request order (never empty).
+    pub rows: Vec<Row>,
+    /// When the answer stops being useful: a job still queued then is dropped with
+    /// [`BackendError::DeadlineExpired`].
+    pub deadline: Instant,
+}
+
+/// What a worker computed for a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutput {
+    /// One output per row, same order.
+    pub outputs: Vec<RowOutput>,
+    /// The pool that ran it.
+    pub pool: String,
+    /// The worker that ran it.
+    pub worker: String,
+    /// The device the worker actually used (`cpu`, `metal`, `cuda:0`, `ane`).
+    pub device: String,
+    /// Time between submission and a worker taking the job.
+    pub queue_wait: Duration,
+    /// Time the worker spent on the forward pass.
+    pub device_time: Duration,
+}
+
+/// Why a job was not run; each maps to one HTTP answer (see `error.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The pool's queue is full (503 with `Retry-After`).
+    #[error("the queue is full; retry after {retry_after:?}")]
+    Overloaded {
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
+    },
+    /// The deadline passed before a worker answered (503).
+    #[error("the deadline passed before a worker answered")]
+    DeadlineExpired,
+    /// No ready worker serves the checkpoint right now (503).
+    #[error("no ready worker serves checkpoint '{}'", .0.as_str())]
+    CheckpointUnavailable(CheckpointName),
+    /// The worker failed on this job (500 `inference failed`); the text is logged, never sent.
+    #[error("inference failed: {0}")]
+    Failed(String),
+}
+
+/// Every pool, for `/health`, `/readyz` and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BackendStatus {
+    /// The configured pools, in configuration order.
+    pub pools: Vec<PoolStatus>,
+}
+
+impl BackendStatus {
+    /// Whether a request for `checkpoint` can run now: some ready worker has it loaded.
+    pub fn servable(&self, checkpoint: CheckpointName) -> bool {
+        self.pools
+            .iter()
+            .flat_map(|p| &p.workers)
+            .any(|w| w.state == WorkerState::Ready && w.checkpoints.iter().any(|c| c.name == checkpoint))
+    }
+}
+
+/// One pool: identical workers on one device sharing a queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStatus {
+    /// The pool's configured name.
+    pub name: String,
+    /// Which worker binary it runs (`gpu`, `ane`).
+    pub worker_kind: String,
+    /// The device the configuration asked for (`auto`, `cpu`, …); workers report what they use.
+    pub device: String,
+    /// The checkpoints the pool is configured to serve.
+    pub checkpoints: Vec<CheckpointName>,
+    /// Requests waiting for a worker.
+    pub queue_depth: usize,
+    /// Most requests that may wait.
+    pub queue_capacity: usize,
+    /// Jobs running on the pool's workers now.
+    pub in_flight: usize,
+    /// Why the pool is degraded (e.g. a crash loop), if it is.
+    pub degraded: Option<String>,
+    /// The pool's workers.
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// One worker process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerStatus {
+    /// Stable id within the supervisor, e.g. `gpu-0`.
+    pub id: String,
+    /// The current process id, while one runs.
+    pub pid: Option<u32>,
+    /// Where it is in its life cycle.
+    pub state: WorkerState,
+    /// The device actually in use, once the worker reported it.
+    pub device: Option<String>,
+    /// The compute precision actually in use, once reported.
+    pub dtype: Option<String>,
+    /// The checkpoints it has loaded, as it reported them.
+    pub checkpoints: Vec<LoadedCheckpoint>,
+    /// How many times it was restarted.
+    pub restarts: u64,
+    /// How its last process ended (`exit status 1`, `killed by SIGKILL`), if one did.
+    pub last_exit: Option<String>,
+    /// The last error seen (start-up failure, RPC error), if any.
+    pub last_error: Option<String>,
+    /// The last lines its previous process wrote to stderr.
+    pub stderr_tail: Vec<String>,
+}
+
+/// A checkpoint a worker has loaded, from the worker's own report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedCheckpoint {
+    /// Which checkpoint.
+    pub name: CheckpointName,
+    /// The snapshot commit it was loaded from, when known.
+    pub revision: Option<String>,
+    /// SHA-256 of the weights file that was loaded.
+    pub sha256: String,
+}
+
+/// A worker's life-cycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkerState {
+    /// First start: loading and warming up.
+    Starting,
+    /// Answering jobs.
+    Ready,
+    /// Its process ended; waiting for the back-off or starting again.
+    Restarting,
+    /// Finishing its jobs before stopping (shutdown).
+    Draining,
+    /// Stopped on purpose.
+    Stopped,
+    /// Given up on (crash loop) until the supervisor restarts.
+    Failed,
+}
+
+impl WorkerState {
+    /// The spelling in `/health` and `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Starting => "starting",
+            WorkerState::Ready => "ready",
+            WorkerState::Restarting => "restarting",
+            WorkerState::Draining => "draining",
+            WorkerState::Stopped => "stopped",
+            WorkerState::Failed => "failed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(state: WorkerState, checkpoints: &[CheckpointName]) -> WorkerStatus {
+        WorkerStatus {
+            id: "gpu-0".into(),
+            pid: Some(1),
+            state,
+            device: Some("cpu".into()),
+            dtype: Some("f32".into()),
+            checkpoints: checkpoints
+                .iter()
+                .map(|&name| LoadedCheckpoint {
+                    name,
+                    revision: None,
+                    sha256: "00".into(),
+                })
+                .collect(),
+            restarts: 0,
+            last_exit: None,
+            last_error: None,
+            stderr_tail: Vec::new(),
+        }
+    }
+
+    fn status(workers: Vec<WorkerStatus>) -> BackendStatus {
+        BackendStatus {
+            pools: vec![PoolStatus {
+                name: "gpu".into(),
+                worker_kind: "gpu".into(),
+                device: "auto".into(),
+                checkpoints: CheckpointName::ALL.to_vec(),
+                queue_depth: 0,
+                queue_capacity: 1,
+                in_flight: 0,
+                degraded: None,
+                workers,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_is_servable_only_on_a_ready_worker_that_loaded_it() {
+        let english = [CheckpointName::English];
+        assert!(status(vec![worker(WorkerState::Ready, &english)]).servable(CheckpointName::English));
+        assert!(!status(vec![worker(WorkerState::Ready, &english)]).servable(CheckpointName::Multilingual));
+        assert!(!status(vec![worker(WorkerState::Starting, &english)]).servable(CheckpointName::English));
+        assert!(!status(vec![worker(WorkerState::Draining, &english)]).servable(CheckpointName::English));
+        assert!(!status(Vec::new()).servable(CheckpointName::English));
+    }
+}

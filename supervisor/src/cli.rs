@@ -1,0 +1,226 @@
+//! The command line: `layad serve [--config FILE] [--listen ADDR]`, `layad check [--config FILE]`
+//! and `layad --version`; each command loads the configuration and reports problems readably.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use layad_config::{CheckpointSource, Config, Flags, Sources, ignored_upstream_variables};
+
+use crate::backend::Backend;
+use crate::decide::Checkpoints;
+use crate::error::LayadError;
+use crate::process::Workers;
+
+/// Serve the Laya typed-decision models behind the Jev-compatible `POST /v1/systemone` API.
+#[derive(Debug, Parser)]
+#[command(name = "layad", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve HTTP until SIGTERM or SIGINT, then drain in-flight requests and exit 0.
+    Serve(ServeArgs),
+    /// Validate the configuration and open every served checkpoint; exit 0 if all is well, else 1.
+    Check(CheckArgs),
+}
+
+/// `layad serve` flags.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see config/README.md); without one, the built-in defaults.
+    #[arg(long, env = layad_config::load::CONFIG_FILE_VAR, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8642 (overrides server.listen).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// `layad check` flags.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// TOML configuration file (see config/README.md); without one, the built-in defaults.
+    #[arg(long, env = layad_config::load::CONFIG_FILE_VAR, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let sources = Sources::with_process_env(args.config, Flags { listen: args.listen });
+    let config = match Config::load(&sources) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("layad: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = crate::telemetry::init_logging(&config.logging) {
+        eprintln!("layad: {e}");
+        return ExitCode::FAILURE;
+    }
+    for (variable, instead) in ignored_upstream_variables(&sources) {
+        tracing::warn!("{variable} is set but layad does not read it; use {instead} (config/README.md)");
+    }
+    match serde_json::to_string(&config) {
+        // The API key is not part of the serialized configuration, so this cannot leak it.
+        Ok(text) => tracing::info!(config = %text, api_key = config.api_key.is_some(), "configuration"),
+        Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
+    }
+    match serve_with(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("layad: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve_with(config: Config) -> Result<(), LayadError> {
+    let checkpoints = Arc::new(Checkpoints::open(&config)?);
+    for (name, checkpoint) in checkpoints.iter() {
+        tracing::info!(
+            checkpoint = name.as_str(),
+            path = %checkpoint.location.dir.display(),
+            revision = checkpoint.location.revision().unwrap_or("-"),
+            sha256 = %checkpoint.weights.sha256,
+            "checkpoint opened"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(LayadError::Runtime)?;
+    runtime.block_on(async {
+        let workers = Workers::start(&config, &checkpoints)?;
+        let backend: Arc<dyn Backend> = workers.scheduler();
+        let served = crate::http::serve(&config, checkpoints, backend, crate::shutdown::shutdown_signal()).await;
+        // Whether HTTP stopped cleanly or failed to start, no worker may outlive us.
+        workers.stop().await;
+        let report = served?;
+        tracing::info!(drained = report.drained, "stopped");
+        Ok(())
+    })
+}
+
+/// `layad check`: the configuration, then one block per checkpoint; exit 1 on any problem.
+fn check(args: CheckArgs) -> ExitCode {
+    let sources = Sources::with_process_env(args.config.clone(), Flags::default());
+    let config = match Config::load(&sources) {
+        Ok(config) => config,
+        Err(e) => {
+            println!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match &args.config {
+        Some(file) => println!("configuration: {} ok", file.display()),
+        None => println!("configuration: built-in defaults (no --config) ok"),
+    }
+    for (variable, instead) in ignored_upstream_variables(&sources) {
+        println!("  warning   {variable} is set but layad does not read it; use {instead}");
+    }
+    println!("  listen    {}", config.server.listen);
+    let auth = match (&config.api_key, &config.server.api_key_file) {
+        (None, _) => "none (anyone who can connect may call /v1/systemone)".to_owned(),
+        (Some(_), Some(file)) => format!("bearer key from {}", file.display()),
+        (Some(_), None) => format!("bearer key from {}", layad_config::load::API_KEY_VAR),
+    };
+    println!("  auth      {auth}");
+    let binary_dir = config.workers.binary_dir();
+    for pool in &config.pools {
+        let names: Vec<&str> = config.pool_checkpoints(pool).iter().map(|c| c.as_str()).collect();
+        println!(
+            "  pool      {}: {} x {} worker, device {}, dtype {}, threads {}, serves {}",
+            pool.name,
+            pool.workers,
+            pool.worker.as_str(),
+            pool.device.as_str(),
+            pool.dtype.as_str(),
+            pool.threads,
+            names.join(", ")
+        );
+        // Reported, not failed: a missing worker binary is a build step, not a config mistake.
+        match &binary_dir {
+            Ok(dir) => {
+                let binary = dir.join(pool.worker.binary_name());
+                let found = if binary.is_file() { "found" } else { "NOT FOUND" };
+                println!("  worker    {} ({found})", binary.display());
+            }
+            Err(e) => println!("  worker    cannot locate the worker binaries: {e}"),
+        }
+    }
+    if config
+        .served_checkpoints()
+        .iter()
+        .any(|(_, source)| **source == CheckpointSource::HfCache)
+    {
+        match laya::checkpoint::hf_hub_cache_dir() {
+            Some(cache) => println!("Hugging Face cache: {}", cache.display()),
+            None => println!("Hugging Face cache: none (set HF_HUB_CACHE or HF_HOME)"),
+        }
+    }
+    let mut failed = 0;
+    for (name, result) in Checkpoints::open_each(&config) {
+        match result {
+            Ok(c) => {
+                let e = &c.encoder;
+                println!("{}: ok", name.as_str());
+                println!("  files     {}", c.location.dir.display());
+                println!(
+                    "  revision  {}",
+                    c.location.revision().unwrap_or("(not from a snapshot)")
+                );
+                println!(
+                    "  weights   sha256 {} ({} tensors, {} bytes)",
+                    c.weights.sha256,
+                    c.weights.tensors.len(),
+                    c.weights.size
+                );
+                println!(
+                    "  encoder   {} layers x {} hidden, {} heads, vocab {}; max_len {}, head_max_len {}",
+                    e.num_hidden_layers,
+                    e.hidden_size,
+                    e.num_attention_heads,
+                    e.vocab_size,
+                    c.agent.max_len,
+                    c.agent.head_max_len
+                );
+                for clamped in &c.agent.temperatures.clamped {
+                    println!(
+                        "  warning   temperature {}={} is applied as {}",
+                        clamped.entry, clamped.raw, clamped.applied
+                    );
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{}: FAILED\n  {e}", name.as_str());
+            }
+        }
+    }
+    for name in laya::routing::CheckpointName::ALL {
+        if *config.checkpoints.source(name) == CheckpointSource::Off {
+            println!("{}: off (requests routed to it are answered 503)", name.as_str());
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,126 @@
+//! `/health` (what runs where, truthfully), `/livez` (the process answers) and `/readyz` (every
+//! served checkpoint has a ready worker). Never authenticated, like upstream's `/health`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use laya::routing::CheckpointName;
+use serde_json::{Map, Value, json};
+
+use crate::backend::{BackendStatus, PoolStatus, WorkerState, WorkerStatus};
+use crate::http::json_response;
+use crate::http::server::App;
+
+/// `GET /livez`: 200 while the process can answer HTTP.
+pub async fn livez() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+/// The served checkpoints no ready worker has loaded.
+fn unservable(app: &App, status: &BackendStatus) -> Vec<CheckpointName> {
+    app.checkpoints
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| !status.servable(*name))
+        .collect()
+}
+
+/// `GET /readyz`: 200 once every served checkpoint has a ready worker, else 503 naming the rest.
+pub async fn readyz(State(app): State<Arc<App>>) -> Response {
+    let missing = unservable(&app, &app.backend.status());
+    if missing.is_empty() {
+        return json_response(StatusCode::OK, &json!({"status": "ready"}));
+    }
+    let names: Vec<&str> = missing.iter().map(|c| c.as_str()).collect();
+    json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({"status": "not ready", "waiting_for": names}),
+    )
+}
+
+/// `ok`: everything servable and every worker ready; `degraded`: a pool reports a problem or a
+/// worker is restarting or failed; `starting`: neither (workers still loading).
+fn overall(status: &BackendStatus, missing: &[CheckpointName]) -> &'static str {
+    let workers = || status.pools.iter().flat_map(|p| &p.workers);
+    let troubled = status.pools.iter().any(|p| p.degraded.is_some())
+        || workers().any(|w| matches!(w.state, WorkerState::Restarting | WorkerState::Failed));
+    if troubled {
+        "degraded"
+    } else if missing.is_empty() && workers().all(|w| w.state == WorkerState::Ready) {
+        "ok"
+    } else {
+        "starting"
+    }
+}
+
+fn worker_json(worker: &WorkerStatus) -> Value {
+    let checkpoints: Vec<Value> = worker
+        .checkpoints
+        .iter()
+        .map(|c| json!({"name": c.name.as_str(), "revision": c.revision, "sha256": c.sha256}))
+        .collect();
+    json!({
+        "id": worker.id,
+        "pid": worker.pid,
+        "state": worker.state.as_str(),
+        "device": worker.device,
+        "dtype": worker.dtype,
+        "checkpoints": checkpoints,
+        "restarts": worker.restarts,
+        "last_exit": worker.last_exit,
+        "last_error": worker.last_error,
+        "stderr_tail": worker.stderr_tail,
+    })
+}
+
+fn pool_json(pool: &PoolStatus) -> Value {
+    let checkpoints: Vec<&str> = pool.checkpoints.iter().map(|c| c.as_str()).collect();
+    json!({
+        "name": pool.name,
+        "worker": pool.worker_kind,
+        "device": pool.device,
+        "checkpoints": checkpoints,
+        "queue_depth": pool.queue_depth,
+        "queue_capacity": pool.queue_capacity,
+        "in_flight": pool.in_flight,
+        "degraded": pool.degraded,
+        "workers": pool.workers.iter().map(worker_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /health`: always 200 (use `/readyz` as the probe); `status`, version, the checkpoints
+/// the supervisor opened, and every pool and worker as the backend reports them.
+pub async fn health(State(app): State<Arc<App>>) -> Response {
+    let status = app.backend.status();
+    let missing = unservable(&app, &status);
+    let mut checkpoints = Map::new();
+    for (name, checkpoint) in app.checkpoints.iter() {
+        checkpoints.insert(
+            name.as_str().to_owned(),
+            json!({
+                "servable": !missing.contains(&name),
+                "revision": checkpoint.location.revision(),
+                "sha256": checkpoint.weights.sha256,
+                "path": checkpoint.location.dir.display().to_string(),
+            }),
+        );
+    }
+    // `loaded` keeps upstream's key for scripts that read it: the checkpoints that can answer now.
+    let loaded: Vec<&str> = app
+        .checkpoints
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| !missing.contains(name))
+        .map(CheckpointName::as_str)
+        .collect();
+    let body = json!({
+        "status": overall(&status, &missing),
+        "version": env!("CARGO_PKG_VERSION"),
+        "loaded": loaded,
+        "checkpoints": checkpoints,
+        "pools": status.pools.iter().map(pool_json).collect::<Vec<_>>(),
+    });
+    json_response(StatusCode::OK, &body)
+}

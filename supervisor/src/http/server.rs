@@ -1,0 +1,217 @@
+//! Binding, the connection loop and graceful shutdown, plus the router and the state it shares.
+//! On shutdown: stop accepting, let in-flight requests finish within the grace period, report.
+//!
+//! Our own accept loop rather than `axum::serve`: it caps open connections, bounds how long a
+//! client may take to send its headers, and bounds the drain, none of which `axum::serve` offers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use laya::decision::DecisionOptions;
+use layad_config::Config;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Admission;
+use crate::backend::Backend;
+use crate::decide::{Checkpoints, Decider};
+use crate::error::{ApiError, LayadError};
+use crate::http::middleware::{self, HostCheck};
+use crate::http::routes;
+use crate::metrics::Metrics;
+
+/// What every handler shares.
+pub struct App {
+    /// Auth and body checks for the authenticated routes.
+    pub admission: Admission,
+    /// Turns bodies into answers.
+    pub decider: Decider,
+    /// The workers, for `/health` and `/readyz`.
+    pub backend: Arc<dyn Backend>,
+    /// The opened checkpoints, for `/v1/models` and readiness.
+    pub checkpoints: Arc<Checkpoints>,
+    /// The `Host` check; `Some` only when bound to a loopback address.
+    pub host_check: Option<HostCheck>,
+    /// The exported metrics.
+    pub metrics: Metrics,
+}
+
+/// How the drain after a shutdown signal went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Whether every connection finished within the grace period.
+    pub drained: bool,
+    /// Connections still open when the grace period ended (their requests are abandoned).
+    pub abandoned_connections: usize,
+}
+
+/// A bound server, ready to run.
+pub struct Server {
+    listener: TcpListener,
+    router: Router,
+    max_connections: usize,
+    header_timeout: Duration,
+    shutdown_grace: Duration,
+}
+
+impl Server {
+    /// Binds `config.server.listen` and builds the app around `checkpoints` and `backend`.
+    pub async fn bind(
+        config: &Config,
+        checkpoints: Arc<Checkpoints>,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self, LayadError> {
+        let addr = config.server.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| LayadError::Bind { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| LayadError::Bind { addr, source })?;
+        let server = &config.server;
+        let app = App {
+            admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
+            decider: Decider::new(
+                Arc::clone(&checkpoints),
+                Arc::clone(&backend),
+                DecisionOptions {
+                    auto_task: server.auto_task,
+                },
+                server.request_timeout,
+            ),
+            metrics: Metrics::new(Arc::clone(&backend)),
+            backend,
+            checkpoints,
+            host_check: local.ip().is_loopback().then(|| HostCheck::new(&server.allowed_hosts)),
+        };
+        Ok(Self {
+            listener,
+            router: router(Arc::new(app)),
+            max_connections: server.max_connections,
+            header_timeout: server.body_timeout,
+            shutdown_grace: server.shutdown_grace,
+        })
+    }
+
+    /// The address actually bound (the port, when `listen` asked for port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then drains for at most `server.shutdown_grace`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> ShutdownReport {
+        let connections = Arc::new(Semaphore::new(self.max_connections));
+        let tracker = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let mut accept_errors = 0u32;
+        tokio::pin!(shutdown);
+        loop {
+            // The permit is taken before accepting, so past the cap clients wait in the kernel's
+            // backlog instead of holding memory here.
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = Arc::clone(&connections).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
+            let stream = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and similar: wait rather than spin, keep serving.
+                        accept_errors = accept_errors.saturating_add(1);
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100).saturating_mul(accept_errors.min(10))).await;
+                        continue;
+                    }
+                },
+            };
+            accept_errors = 0;
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+            let service = TowerToHyperService::new(self.router.clone());
+            let stop = stop.clone();
+            let header_timeout = self.header_timeout;
+            tracker.spawn(async move {
+                let _permit = permit;
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(connection);
+                let result = tokio::select! {
+                    result = connection.as_mut() => result,
+                    () = stop.cancelled() => {
+                        // Idle keep-alive connections close now; a request in progress finishes.
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        stop.cancel();
+        tracker.close();
+        let in_flight = tracker.len();
+        tracing::info!(connections = in_flight, grace = ?self.shutdown_grace, "stopped accepting; draining");
+        let drained = tokio::time::timeout(self.shutdown_grace, tracker.wait()).await.is_ok();
+        let report = ShutdownReport {
+            drained,
+            abandoned_connections: tracker.len(),
+        };
+        if drained {
+            tracing::info!("all connections finished");
+        } else {
+            tracing::warn!(
+                connections = report.abandoned_connections,
+                "grace period over; abandoning connections"
+            );
+        }
+        report
+    }
+}
+
+/// Binds and serves until `shutdown` completes: the entry point `layad serve` uses.
+pub async fn serve(
+    config: &Config,
+    checkpoints: Arc<Checkpoints>,
+    backend: Arc<dyn Backend>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<ShutdownReport, LayadError> {
+    let server = Server::bind(config, checkpoints, backend).await?;
+    if let Ok(addr) = server.local_addr() {
+        tracing::info!(%addr, "listening");
+    }
+    Ok(server.run(shutdown).await)
+}
+
+/// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(routes::SYSTEMONE, post(routes::decide::systemone))
+        .route(routes::MODELS, get(routes::models::list))
+        .route(routes::HEALTH, get(routes::health::health))
+        .route(routes::LIVEZ, get(routes::health::livez))
+        .route(routes::READYZ, get(routes::health::readyz))
+        .route(routes::METRICS, get(routes::metrics::metrics))
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(routes::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            middleware::frame,
+        ))
+        .with_state(app)
+}

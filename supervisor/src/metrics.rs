@@ -1,0 +1,245 @@
+//! `/metrics`: the `layad_*` Prometheus metrics, their buckets and the helpers that record them;
+//! pool and worker gauges are read from the backend's status at scrape time.
+//!
+//! prometheus-client rather than a hand-written exposition: label escaping, histogram bucket
+//! layout and the OpenMetrics text format are easy to get subtly wrong, and the crate is small
+//! (no default features, no C) and maintained by the Prometheus project.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use laya::routing::CheckpointName;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::backend::{Backend, WorkerState};
+use crate::decide::Timings;
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of `layad_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    /// HTTP status code.
+    status: u16,
+    /// Routed checkpoint, empty when the request failed before routing.
+    checkpoint: String,
+    /// Pool that ran it, empty when none did.
+    pool: String,
+}
+
+/// A `checkpoint` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckpointLabel {
+    checkpoint: String,
+}
+
+/// A `pool` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+}
+
+/// Every metric layad exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_duration: Family<CheckpointLabel, Histogram>,
+    prepare_duration: Histogram,
+    queue_wait: Family<PoolLabel, Histogram>,
+    device_duration: Family<PoolLabel, Histogram>,
+}
+
+/// Latency buckets from 0.5 ms to about 16 s, doubling.
+fn latency_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Metrics {
+    /// The metrics, with the backend's pools and workers read at every scrape.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "layad_requests",
+            "POST /v1/systemone answers by status, routed checkpoint and pool",
+            requests.clone(),
+        );
+        let request_duration = Family::<CheckpointLabel, Histogram>::new_with_constructor(latency_buckets as fn() -> _);
+        registry.register_with_unit(
+            "layad_request_duration",
+            "POST /v1/systemone time from its headers being read to its answer being ready",
+            Unit::Seconds,
+            request_duration.clone(),
+        );
+        // Host work is expected well under a millisecond: buckets from 25 µs.
+        let prepare_duration = Histogram::new(exponential_buckets(0.000_025, 2.0, 16));
+        registry.register_with_unit(
+            "layad_prepare_duration",
+            "Host work before the worker: decoding, parsing, routing, validation, tokenization",
+            Unit::Seconds,
+            prepare_duration.clone(),
+        );
+        let queue_wait = Family::<PoolLabel, Histogram>::new_with_constructor(latency_buckets as fn() -> _);
+        registry.register_with_unit(
+            "layad_queue_wait",
+            "Time a job waited for a worker",
+            Unit::Seconds,
+            queue_wait.clone(),
+        );
+        let device_duration = Family::<PoolLabel, Histogram>::new_with_constructor(latency_buckets as fn() -> _);
+        registry.register_with_unit(
+            "layad_device_duration",
+            "Time a worker spent on a job's forward pass",
+            Unit::Seconds,
+            device_duration.clone(),
+        );
+        registry.register_collector(Box::new(BackendCollector { backend }));
+        Self {
+            registry,
+            requests,
+            request_duration,
+            prepare_duration,
+            queue_wait,
+            device_duration,
+        }
+    }
+
+    /// Records one `POST /v1/systemone` answer.
+    pub fn record_decision(
+        &self,
+        status: u16,
+        checkpoint: Option<CheckpointName>,
+        pool: Option<&str>,
+        total: Duration,
+        timings: &Timings,
+    ) {
+        let checkpoint = checkpoint.map_or("", CheckpointName::as_str).to_owned();
+        let pool = pool.unwrap_or("").to_owned();
+        self.requests
+            .get_or_create(&RequestLabels {
+                status,
+                checkpoint: checkpoint.clone(),
+                pool: pool.clone(),
+            })
+            .inc();
+        self.request_duration
+            .get_or_create(&CheckpointLabel { checkpoint })
+            .observe(total.as_secs_f64());
+        if let Some(prepare) = timings.prepare {
+            self.prepare_duration.observe(prepare.as_secs_f64());
+        }
+        let label = PoolLabel { pool };
+        if let Some(queue) = timings.queue {
+            self.queue_wait.get_or_create(&label).observe(queue.as_secs_f64());
+        }
+        if let Some(device) = timings.device {
+            self.device_duration.get_or_create(&label).observe(device.as_secs_f64());
+        }
+    }
+
+    /// The OpenMetrics text exposition (see [`CONTENT_TYPE`]).
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// Pool and worker gauges and counters, read from the backend at each scrape.
+struct BackendCollector {
+    backend: Arc<dyn Backend>,
+}
+
+impl fmt::Debug for BackendCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BackendCollector")
+    }
+}
+
+/// All worker states, so a state with no workers reads 0 rather than vanishing.
+const WORKER_STATES: [WorkerState; 6] = [
+    WorkerState::Starting,
+    WorkerState::Ready,
+    WorkerState::Restarting,
+    WorkerState::Draining,
+    WorkerState::Stopped,
+    WorkerState::Failed,
+];
+
+impl Collector for BackendCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let status = self.backend.status();
+        let pools = &status.pools;
+        let gauge = |encoder: &mut DescriptorEncoder, name: &str, help: &str, values: Vec<(Vec<(&str, &str)>, i64)>| {
+            let gauge_type = ConstGauge::new(0i64).metric_type();
+            let mut metric = encoder.encode_descriptor(name, help, None, gauge_type)?;
+            for (labels, value) in values {
+                ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+            }
+            Ok::<(), fmt::Error>(())
+        };
+        gauge(
+            &mut encoder,
+            "layad_queue_depth",
+            "Requests waiting for a worker, per pool",
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.as_str())], p.queue_depth as i64))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "layad_in_flight",
+            "Jobs running on a pool's workers",
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.as_str())], p.in_flight as i64))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "layad_pool_degraded",
+            "1 when a pool is degraded (e.g. a worker crash loop), else 0",
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.as_str())], i64::from(p.degraded.is_some())))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "layad_workers",
+            "Workers per pool and state",
+            pools
+                .iter()
+                .flat_map(|p| {
+                    WORKER_STATES.into_iter().map(move |state| {
+                        let count = p.workers.iter().filter(|w| w.state == state).count() as i64;
+                        (vec![("pool", p.name.as_str()), ("state", state.as_str())], count)
+                    })
+                })
+                .collect(),
+        )?;
+        let counter_type = ConstCounter::new(0u64).metric_type();
+        let mut restarts = encoder.encode_descriptor(
+            "layad_worker_restarts",
+            "Times a worker process was restarted",
+            None,
+            counter_type,
+        )?;
+        for pool in pools {
+            for worker in &pool.workers {
+                let labels = [("pool", pool.name.as_str()), ("worker", worker.id.as_str())];
+                ConstCounter::new(worker.restarts).encode(restarts.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,555 @@
+//! What layad adds to upstream's contract, over real TCP: compressed bodies, size and time limits
+//! while streaming, the Host check, request ids and Server-Timing, /v1/models, /health, /readyz,
+//! /metrics, backend failures, and graceful shutdown.
+
+mod http_support;
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http_support::{Framing, Request, TestServer, read_json, send};
+use laya::routing::CheckpointName;
+use layad::backend::BackendError;
+use layad_config::ApiKey;
+use serde_json::Value;
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// A golden request of at least 1 KiB (the size from which Jev SDKs compress) and its answer.
+fn large_golden_case() -> (Vec<u8>, String) {
+    let golden = read_json("goldens/cases.json");
+    let case = golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| {
+            c["status"] == 200
+                && c["body"].as_str().is_some_and(|b| b.len() >= 1024)
+                && c["rows"].as_array().is_some_and(|r| r.len() > 1)
+        })
+        .expect("a large multi-question golden case");
+    (
+        case["body"].as_str().expect("body").as_bytes().to_vec(),
+        case["response"].as_str().expect("response").to_owned(),
+    )
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("zlib");
+    encoder.finish().expect("zlib")
+}
+
+fn zstd(data: &[u8]) -> Vec<u8> {
+    ruzstd::encoding::compress_to_vec(data, ruzstd::encoding::CompressionLevel::Fastest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_bodies_are_answered_like_the_plain_one() {
+    let server = TestServer::start(|_| {}).await;
+    let (body, upstream) = large_golden_case();
+    let plain = server.post("/v1/systemone", &[JSON], &body).await;
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert_eq!(plain.text(), upstream);
+    for (encoding, wire) in [
+        ("zstd", zstd(&body)),
+        ("gzip", gzip(&body)),
+        ("deflate", zlib(&body)),
+        ("identity", body.clone()),
+    ] {
+        assert!(
+            encoding == "identity" || wire.len() < body.len(),
+            "{encoding} must compress"
+        );
+        let response = server
+            .post("/v1/systemone", &[JSON, ("content-encoding", encoding)], &wire)
+            .await;
+        assert_eq!(response.status, 200, "{encoding}: {}", response.text());
+        assert_eq!(response.text(), plain.text(), "{encoding}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decompression_bombs_are_refused_with_413_and_the_server_keeps_serving() {
+    let server = TestServer::start(|_| {}).await;
+    // 64 MiB of JSON whitespace inside a valid object: small on the wire, far over 2 MiB decoded.
+    let mut inflated = b"{\"questions\": {}, \"state\": \"x\"".to_vec();
+    inflated.resize(64 * 1024 * 1024, b' ');
+    inflated.push(b'}');
+    for (encoding, wire) in [("gzip", gzip(&inflated)), ("zstd", zstd(&inflated))] {
+        assert!(wire.len() < 1024 * 1024, "{encoding} bomb is {} bytes", wire.len());
+        let started = Instant::now();
+        let response = server
+            .post("/v1/systemone", &[JSON, ("content-encoding", encoding)], &wire)
+            .await;
+        assert_eq!(
+            (response.status, response.detail().as_str()),
+            (413, "request body too large"),
+            "{encoding}"
+        );
+        println!(
+            "{encoding} bomb: {} bytes on the wire, refused in {:?}",
+            wire.len(),
+            started.elapsed()
+        );
+    }
+    // Decoded size exactly at the cap is fine.
+    let mut at_cap = b"{\"questions\": {}}".to_vec();
+    at_cap.resize(2 * 1024 * 1024, b' ');
+    let response = server
+        .post("/v1/systemone", &[JSON, ("content-encoding", "gzip")], &gzip(&at_cap))
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_or_corrupt_encodings_are_client_errors() {
+    let server = TestServer::start(|_| {}).await;
+    let body = br#"{"questions": {}}"#;
+    let response = server
+        .post("/v1/systemone", &[JSON, ("content-encoding", "br")], body)
+        .await;
+    assert_eq!(response.status, 415);
+    assert!(response.detail().contains("'br'"), "{}", response.detail());
+    let response = server
+        .post("/v1/systemone", &[JSON, ("content-encoding", "zstd")], body)
+        .await;
+    assert_eq!(response.status, 400);
+    assert!(response.detail().contains("zstd"), "{}", response.detail());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3_mib_chunked_body_is_refused_before_it_is_all_sent() {
+    let server = TestServer::start(|_| {}).await;
+    let mut body = b"{\"questions\": {}, \"state\": \"".to_vec();
+    body.resize(3 * 1024 * 1024, b'x');
+    // The final chunk is never sent: only a server that stops at the cap can answer at all.
+    let request = Request::new("POST", "/v1/systemone")
+        .headers(&[JSON])
+        .body(&body)
+        .framing(Framing::ChunkedUnfinished(64 * 1024));
+    let response = send(server.addr, &request).await;
+    assert_eq!(
+        (response.status, response.detail().as_str()),
+        (413, "request body too large")
+    );
+    assert_eq!(server.get("/livez", &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_finishes_gets_408() {
+    let server = TestServer::start(|c| c.server.body_timeout = Duration::from_millis(300)).await;
+    let request = Request::new("POST", "/v1/systemone")
+        .headers(&[JSON, ("content-length", "100")])
+        .body(b"{\"questions\"");
+    let started = Instant::now();
+    let response = send(server.addr, &request).await;
+    assert_eq!(
+        (response.status, response.detail().as_str()),
+        (408, "request body was not received in time")
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_that_never_finish_close_the_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start(|c| c.server.body_timeout = Duration::from_millis(300)).await;
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.expect("connects");
+    stream
+        .write_all(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .expect("writes");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the server kept a half-sent request open");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.get("/livez", &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_is_off_gets_503() {
+    let checkpoints = http_support::checkpoints_except(CheckpointName::TypedDecisions);
+    let server = TestServer::start_with(checkpoints, |_| {}).await;
+    let body = br#"{"model": "typed", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}"#;
+    let response = server.post("/v1/systemone", &[JSON], body).await;
+    assert_eq!(
+        (response.status, response.detail().as_str()),
+        (503, "checkpoint 'typed-decisions' is not served by this server")
+    );
+    assert_eq!(response.header("retry-after"), Some("1"));
+    let models = server.get("/v1/models", &[]).await.json();
+    let names: Vec<&str> = models["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert!(
+        !names.contains(&"typed-decisions") && !names.contains(&"typed"),
+        "{names:?}"
+    );
+    assert!(names.contains(&"multi"), "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_loopback_host_names_get_421_on_a_loopback_bind() {
+    let server = TestServer::start(|c| c.server.allowed_hosts = vec!["layad.test".into()]).await;
+    let evil = server.get("/health", &[("host", "evil.example:8642")]).await;
+    assert_eq!(evil.status, 421);
+    assert!(evil.detail().contains("'evil.example:8642'"), "{}", evil.detail());
+    assert!(evil.header("x-request-id").is_some());
+    let posted = server
+        .post(
+            "/v1/systemone",
+            &[JSON, ("host", "attacker.example")],
+            br#"{"questions": {}}"#,
+        )
+        .await;
+    assert_eq!(posted.status, 421);
+    for ok in ["localhost", "localhost:1234", "127.0.0.1", "[::1]:80", "layad.test"] {
+        assert_eq!(server.get("/livez", &[("host", ok)]).await.status, 200, "{ok}");
+    }
+
+    // Bound to every interface, the Host check is off (the operator chose to be reachable).
+    let open = TestServer::start(|c| c.server.listen = "0.0.0.0:0".parse().expect("addr")).await;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], open.addr.port()));
+    let response = send(
+        addr,
+        &Request::new("GET", "/livez").headers(&[("host", "evil.example")]),
+    )
+    .await;
+    assert_eq!(response.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_echoed_or_generated_and_timing_is_reported() {
+    let server = TestServer::start(|_| {}).await;
+    let (body, _) = large_golden_case();
+    let response = server
+        .post("/v1/systemone", &[JSON, ("x-request-id", "client-42")], &body)
+        .await;
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("x-request-id"), Some("client-42"));
+    let timing = response.header("server-timing").expect("Server-Timing");
+    let phases: Vec<&str> = timing.split(", ").map(|p| p.split(';').next().unwrap_or("")).collect();
+    assert_eq!(phases, ["prepare", "queue", "device", "total"], "{timing}");
+    assert!(
+        timing.contains("device;dur=0.700"),
+        "the backend's own device time: {timing}"
+    );
+
+    let a = server.get("/livez", &[]).await;
+    let b = server.get("/livez", &[("x-request-id", "has space")]).await;
+    let (a, b) = (
+        a.header("x-request-id").expect("id"),
+        b.header("x-request-id").expect("id"),
+    );
+    assert_ne!(a, b);
+    assert!(b.len() == 24 && b.bytes().all(|c| c.is_ascii_hexdigit()), "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_listed_in_the_jev_shape_behind_the_key() {
+    let server = TestServer::start(|c| c.api_key = Some(ApiKey::new("secret"))).await;
+    assert_eq!(server.get("/v1/models", &[]).await.status, 401);
+    let response = server.get("/v1/models", &[("authorization", "Bearer secret")]).await;
+    assert_eq!(response.status, 200);
+    let body = response.json();
+    let models = body["models"].as_array().expect("models");
+    for model in models {
+        let keys: Vec<&String> = model.as_object().expect("object").keys().collect();
+        assert_eq!(keys, ["name", "description", "release_date"]);
+        assert!(
+            model.as_object().expect("object").values().all(Value::is_string),
+            "{model}"
+        );
+    }
+    let names: Vec<&str> = models.iter().filter_map(|m| m["name"].as_str()).collect();
+    assert_eq!(&names[..3], ["english", "multilingual", "typed-decisions"]);
+    for name in &names[3..names.len() - 1] {
+        let target = CheckpointName::from_name_or_alias(name).expect("an alias");
+        let description = models.iter().find(|m| m["name"] == *name).expect("model")["description"].clone();
+        assert_eq!(description, format!("Alias resolving to {}.", target.as_str()));
+    }
+    assert_eq!(names.last(), Some(&"jev-latest"));
+    assert!(
+        models[0]["description"]
+            .as_str()
+            .expect("description")
+            .contains("@ 7a1e5eed0f1c")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
+    let server = TestServer::start(|c| c.api_key = Some(ApiKey::new("secret"))).await;
+    server.backend.ready.store(false, Ordering::SeqCst);
+    let not_ready = server.get("/readyz", &[]).await;
+    assert_eq!(not_ready.status, 503);
+    assert_eq!(
+        not_ready.json(),
+        serde_json::json!({"status": "not ready", "waiting_for": ["english", "multilingual", "typed-decisions"]})
+    );
+    let health = server.get("/health", &[]).await.json();
+    assert_eq!(health["status"], "starting");
+    assert_eq!(health["loaded"], serde_json::json!([]));
+    assert_eq!(health["pools"][0]["workers"][0]["state"], "starting");
+
+    server.backend.ready.store(true, Ordering::SeqCst);
+    let ready = server.get("/readyz", &[]).await;
+    assert_eq!(
+        (ready.status, ready.json()),
+        (200, serde_json::json!({"status": "ready"}))
+    );
+    assert_eq!(
+        server.get("/livez", &[]).await.json(),
+        serde_json::json!({"status": "ok"})
+    );
+
+    let response = server.get("/health", &[]).await;
+    assert_eq!(response.status, 200, "no key needed");
+    let health = response.json();
+    let keys = |v: &Value| v.as_object().expect("object").keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&health), ["status", "version", "loaded", "checkpoints", "pools"]);
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        health["loaded"],
+        serde_json::json!(["english", "multilingual", "typed-decisions"])
+    );
+    let english = &health["checkpoints"]["english"];
+    assert_eq!(english["revision"], "7a1e5eed0f1c7ee5c0de5eed0f1c7ee5c0de0320");
+    assert_eq!(english["sha256"].as_str().map(str::len), Some(64));
+    let pool = &health["pools"][0];
+    assert_eq!(
+        keys(pool),
+        [
+            "name",
+            "worker",
+            "device",
+            "checkpoints",
+            "queue_depth",
+            "queue_capacity",
+            "in_flight",
+            "degraded",
+            "workers"
+        ]
+    );
+    assert_eq!(
+        (pool["queue_depth"].as_u64(), pool["in_flight"].as_u64()),
+        (Some(3), Some(1))
+    );
+    let worker = &pool["workers"][0];
+    assert_eq!(
+        keys(worker),
+        [
+            "id",
+            "pid",
+            "state",
+            "device",
+            "dtype",
+            "checkpoints",
+            "restarts",
+            "last_exit",
+            "last_error",
+            "stderr_tail"
+        ]
+    );
+    assert_eq!(
+        (worker["pid"].as_u64(), worker["state"].as_str()),
+        (Some(4242), Some("ready"))
+    );
+    assert_eq!(
+        (worker["device"].as_str(), worker["dtype"].as_str()),
+        (Some("cpu"), Some("f32"))
+    );
+    assert_eq!(worker["restarts"], 2);
+    assert_eq!(worker["last_exit"], "killed by SIGKILL");
+    assert_eq!(keys(&worker["checkpoints"][0]), ["name", "revision", "sha256"]);
+    assert_eq!(worker["checkpoints"][0]["sha256"], english["sha256"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_and_read_the_pools() {
+    let server = TestServer::start(|_| {}).await;
+    let (body, _) = large_golden_case();
+    assert_eq!(server.post("/v1/systemone", &[JSON], &body).await.status, 200);
+    assert_eq!(server.post("/v1/systemone", &[JSON], b"not json").await.status, 400);
+    let response = server.get("/metrics", &[]).await;
+    assert_eq!(response.status, 200);
+    assert!(
+        response
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text"))
+    );
+    let text = response.text();
+    for line in [
+        "layad_requests_total{status=\"200\",checkpoint=\"english\",pool=\"gpu\"} 1",
+        "layad_requests_total{status=\"400\",checkpoint=\"\",pool=\"\"} 1",
+        "layad_request_duration_seconds_count{checkpoint=\"english\"} 1",
+        "layad_prepare_duration_seconds_count 2",
+        "layad_queue_wait_seconds_count{pool=\"gpu\"} 1",
+        "layad_device_duration_seconds_count{pool=\"gpu\"} 1",
+        "layad_queue_depth{pool=\"gpu\"} 3",
+        "layad_in_flight{pool=\"gpu\"} 1",
+        "layad_pool_degraded{pool=\"gpu\"} 0",
+        "layad_workers{pool=\"gpu\",state=\"ready\"} 1",
+        "layad_workers{pool=\"gpu\",state=\"restarting\"} 0",
+        "layad_worker_restarts_total{pool=\"gpu\",worker=\"gpu-0\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_failures_become_retryable_503s_or_500() {
+    let server = TestServer::start(|_| {}).await;
+    let (body, _) = large_golden_case();
+    let cases = [
+        (
+            BackendError::Overloaded {
+                retry_after: Duration::from_secs(2),
+            },
+            503,
+            "server busy, try again later",
+            Some("2"),
+        ),
+        (
+            BackendError::CheckpointUnavailable(CheckpointName::English),
+            503,
+            "checkpoint 'english' has no ready worker; try again later",
+            Some("1"),
+        ),
+        (
+            BackendError::DeadlineExpired,
+            503,
+            "request timed out waiting for a worker; try again later",
+            Some("1"),
+        ),
+        (
+            BackendError::Failed("device lost".into()),
+            500,
+            "inference failed",
+            None,
+        ),
+    ];
+    for (error, status, detail, retry_after) in cases {
+        *server.backend.fail_with.lock().expect("lock") = Some(error.clone());
+        let response = server.post("/v1/systemone", &[JSON], &body).await;
+        assert_eq!(
+            (response.status, response.detail().as_str()),
+            (status, detail),
+            "{error:?}"
+        );
+        assert_eq!(response.header("retry-after"), retry_after, "{error:?}");
+    }
+    *server.backend.fail_with.lock().expect("lock") = None;
+    // Requests that need no forward pass never reach the backend.
+    let jobs = server.backend.jobs.load(Ordering::SeqCst);
+    assert_eq!(
+        server
+            .post("/v1/systemone", &[JSON], br#"{"questions": {}}"#)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(server.backend.jobs.load(Ordering::SeqCst), jobs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_slower_than_the_request_timeout_gets_503() {
+    let server = TestServer::start(|c| c.server.request_timeout = Duration::from_millis(200)).await;
+    *server.backend.delay.lock().expect("lock") = Duration::from_secs(5);
+    let (body, _) = large_golden_case();
+    let started = Instant::now();
+    let response = server.post("/v1/systemone", &[JSON], &body).await;
+    assert_eq!(response.status, 503);
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_methods_answer_like_fastapi() {
+    let server = TestServer::start(|_| {}).await;
+    let response = server.get("/v1/systemone", &[]).await;
+    assert_eq!(
+        (response.status, response.text().as_str()),
+        (405, r#"{"detail":"Method Not Allowed"}"#)
+    );
+    assert_eq!(response.header("allow"), Some("POST"));
+    let response = server.post("/health", &[], b"").await;
+    assert_eq!(
+        (response.status, response.detail().as_str()),
+        (405, "Method Not Allowed")
+    );
+    let response = server.get("/nope", &[]).await;
+    assert_eq!(
+        (response.status, response.text().as_str()),
+        (404, r#"{"detail":"Not Found"}"#)
+    );
+    let response = server.get("/health/?verbose=1", &[]).await;
+    assert_eq!(response.status, 307);
+    assert_eq!(
+        response.header("location"),
+        Some(format!("http://{}/health?verbose=1", server.addr).as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_requests_finish_then_stops_accepting() {
+    let mut server = TestServer::start(|_| {}).await;
+    *server.backend.delay.lock().expect("lock") = Duration::from_millis(600);
+    let (body, upstream) = large_golden_case();
+    let addr = server.addr;
+    let in_flight = tokio::spawn(async move {
+        send(
+            addr,
+            &Request::new("POST", "/v1/systemone").headers(&[JSON]).body(&body),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.begin_shutdown();
+    let response = in_flight.await.expect("request task");
+    assert_eq!(response.status, 200);
+    assert_eq!(response.text(), upstream);
+    let report = (&mut server.task).await.expect("server task");
+    assert!(report.drained && report.abandoned_connections == 0, "{report:?}");
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grace_period_bounds_the_drain() {
+    let mut server = TestServer::start(|c| c.server.shutdown_grace = Duration::from_millis(200)).await;
+    *server.backend.delay.lock().expect("lock") = Duration::from_secs(10);
+    let (body, _) = large_golden_case();
+    let addr = server.addr;
+    let stuck = tokio::spawn(async move {
+        send(
+            addr,
+            &Request::new("POST", "/v1/systemone").headers(&[JSON]).body(&body),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    server.begin_shutdown();
+    let report = (&mut server.task).await.expect("server task");
+    assert!(!report.drained && report.abandoned_connections == 1, "{report:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    stuck.abort();
+}

@@ -1,0 +1,155 @@
+//! Process faults for real: workers are SIGKILLed every few seconds while 32 clients keep sending
+//! requests, and no request is lost — every one is answered 200 with upstream's answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use layad_system_tests::{Server, fixture_json, get, json_differences, post_json};
+
+const CONFIG: &str = r#"
+[server]
+request_timeout = "60s"
+
+[[pool]]
+name = "cpu"
+device = "cpu"
+workers = 2
+threads = 1
+queue_capacity = 256
+
+[workers]
+restart_backoff_initial = "100ms"
+"#;
+
+const CLIENTS: usize = 32;
+const DURATION: Duration = Duration::from_secs(20);
+const KILL_EVERY: Duration = Duration::from_secs(3);
+
+/// Golden requests small enough to keep the load going: (body, upstream response).
+fn workload() -> Vec<(String, serde_json::Value)> {
+    let golden = fixture_json("goldens/cases.json");
+    golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| c["status"] == 200 && c["rows"].as_array().is_some_and(|r| !r.is_empty() && r.len() <= 2))
+        .filter_map(|c| {
+            let response = serde_json::from_str(c["response"].as_str()?).ok()?;
+            Some((c["body"].as_str()?.to_owned(), response))
+        })
+        .take(24)
+        .collect()
+}
+
+/// Pids of the workers `/health` reports as running.
+async fn worker_pids(server: &Server) -> Vec<i32> {
+    let Ok(health) = get(server.addr, "/health").await else {
+        return Vec::new();
+    };
+    let health = health.json();
+    let mut pids = Vec::new();
+    for pool in health["pools"].as_array().into_iter().flatten() {
+        for worker in pool["workers"].as_array().into_iter().flatten() {
+            if worker["state"] == "ready" {
+                if let Some(pid) = worker["pid"].as_i64() {
+                    pids.push(pid as i32);
+                }
+            }
+        }
+    }
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_workers_under_load_loses_no_request() {
+    let mut server = Server::start(CONFIG, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let workload = Arc::new(workload());
+    assert!(workload.len() >= 10, "not enough small golden cases");
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let addr = server.addr;
+
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (workload, stop, answered) = (Arc::clone(&workload), Arc::clone(&stop), Arc::clone(&answered));
+        clients.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut i = client;
+            while !stop.load(Ordering::Relaxed) {
+                let (body, upstream) = &workload[i % workload.len()];
+                i += 1;
+                match post_json(addr, "/v1/systemone", body.as_bytes()).await {
+                    Ok(r) if r.status == 200 => {
+                        let problems = json_differences(&r.json(), upstream, 1e-4);
+                        if !problems.is_empty() {
+                            failures.push(problems.join("; "));
+                        }
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => failures.push(format!("status {}: {}", r.status, r.text())),
+                    Err(e) => failures.push(format!("transport error: {e}")),
+                }
+            }
+            failures
+        }));
+    }
+
+    let start = Instant::now();
+    let mut kills = 0;
+    while start.elapsed() < DURATION {
+        tokio::time::sleep(KILL_EVERY).await;
+        if let Some(pid) = worker_pids(&server).await.first() {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL)
+                .expect("kill worker");
+            kills += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for client in clients {
+        failures.extend(client.await.expect("client task"));
+    }
+    let answered = answered.load(Ordering::Relaxed);
+    println!("{answered} requests answered while {kills} workers were killed");
+    assert!(kills >= 4, "only {kills} workers were killed");
+    assert!(
+        failures.is_empty(),
+        "{} requests failed, e.g. {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(5)],
+        server.log()
+    );
+    assert!(answered > CLIENTS, "only {answered} requests were answered");
+
+    // The restarts are visible in /health and /metrics.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let health = get(server.addr, "/health").await.expect("health").json();
+    let restarts: u64 = health["pools"][0]["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| w["restarts"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        restarts >= kills as u64,
+        "/health counts {restarts} restarts for {kills} kills: {health}"
+    );
+    let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("layad_worker_restarts_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        counted >= kills as f64,
+        "/metrics counts {counted} restarts for {kills} kills:\n{metrics}"
+    );
+    assert_eq!(
+        server.terminate(Duration::from_secs(60)).code(),
+        Some(0),
+        "{}",
+        server.log()
+    );
+}

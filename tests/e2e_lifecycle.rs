@@ -1,0 +1,216 @@
+//! The service's life: not ready until its workers are, scaled pools visible in `/health`, a clean
+//! drain on SIGTERM under load, no worker outliving a killed supervisor, and config mistakes named.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use layad_system_tests::{Server, bin_dir, fixture_hf_home, fixture_json, get, post_json};
+
+const ONE_CPU_POOL: &str = r#"
+[[pool]]
+name = "cpu"
+device = "cpu"
+workers = 1
+threads = 1
+"#;
+
+fn small_request() -> String {
+    let golden = fixture_json("goldens/cases.json");
+    golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "multi_five_questions_mixed")
+        .and_then(|c| c["body"].as_str())
+        .expect("multi_five_questions_mixed")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_the_workers_are_ready() {
+    let mut server = Server::start(ONE_CPU_POOL, &[]);
+    let start = Instant::now();
+    let first = loop {
+        if let Ok(r) = get(server.addr, "/readyz").await {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "layad never listened:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(first.status, 503, "{}", first.text());
+    assert_eq!(get(server.addr, "/livez").await.expect("livez").status, 200);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let health = get(server.addr, "/health").await.expect("health").json();
+    assert_eq!(health["status"], "ok", "{health}");
+    let worker = &health["pools"][0]["workers"][0];
+    assert_eq!(worker["state"], "ready");
+    assert_eq!(worker["device"], "cpu");
+    assert_eq!(worker["dtype"], "f32");
+    let revisions: Vec<&str> = worker["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .filter_map(|c| c["revision"].as_str())
+        .collect();
+    assert_eq!(revisions, ["7a1e5eed0f1c7ee5c0de5eed0f1c7ee5c0de0320"; 3], "{worker}");
+    assert_eq!(server.terminate(Duration::from_secs(30)).code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_of_two_workers_all_show_in_health() {
+    let config = r#"
+[[pool]]
+name = "english"
+device = "cpu"
+workers = 2
+threads = 1
+checkpoints = ["english"]
+
+[[pool]]
+name = "others"
+device = "cpu"
+workers = 2
+threads = 1
+checkpoints = ["multilingual", "typed-decisions"]
+"#;
+    let mut server = Server::start(config, &[]);
+    server.wait_ready(Duration::from_secs(180)).await;
+    let health = get(server.addr, "/health").await.expect("health").json();
+    let pools = health["pools"].as_array().expect("pools");
+    let names: Vec<&str> = pools.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["english", "others"]);
+    for pool in pools {
+        let workers = pool["workers"].as_array().expect("workers");
+        assert_eq!(workers.len(), 2, "{pool}");
+        assert!(
+            workers
+                .iter()
+                .all(|w| w["state"] == "ready" && w["pid"].as_u64().is_some()),
+            "{pool}"
+        );
+    }
+    // A German state routes to multilingual, which only the second pool serves.
+    let body = br#"{"state": "Mein Konto wurde zweimal belastet, bitte erstatten Sie den Betrag", "questions": {"q": {"type": "noul", "instructions": "Is this about billing?"}}}"#;
+    let response = post_json(server.addr, "/v1/systemone", body).await.expect("post");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.json()["routing"]["model"], "multilingual");
+    assert_eq!(server.terminate(Duration::from_secs(30)).code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_drains_and_exits_zero() {
+    let mut server = Server::start(ONE_CPU_POOL, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let body = Arc::new(small_request());
+    let addr = server.addr;
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let body = Arc::clone(&body);
+            tokio::spawn(async move { post_json(addr, "/v1/systemone", body.as_bytes()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.terminate(Duration::from_secs(60));
+        (status, server.log())
+    });
+    for client in clients {
+        // Requests accepted before SIGTERM are answered; later ones may find the port closed.
+        if let Ok(response) = client.await.expect("client") {
+            assert_eq!(response.status, 200, "{}", response.text());
+        }
+    }
+    let (status, log) = status.await.expect("terminate");
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_outlives_a_killed_supervisor() {
+    let mut server = Server::start(ONE_CPU_POOL, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let health = get(server.addr, "/health").await.expect("health").json();
+    let pid = health["pools"][0]["workers"][0]["pid"].as_i64().expect("worker pid") as i32;
+    let supervisor = nix::unistd::Pid::from_raw(server.pid() as i32);
+    nix::sys::signal::kill(supervisor, nix::sys::signal::Signal::SIGKILL).expect("kill layad");
+    server.wait_exit(Duration::from_secs(5));
+    let worker = nix::unistd::Pid::from_raw(pid);
+    let start = Instant::now();
+    // Signal 0 probes for existence; the worker may linger briefly as a zombie of init.
+    while nix::sys::signal::kill(worker, None).is_ok() && !is_zombie(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "worker {pid} still runs 5 s after its supervisor died"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// README's run command: no config file, the embedded defaults, the fixture cache; JSON logs;
+/// a decision answered by a real worker; SIGTERM → exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_no_config_file_answers_and_stops_on_sigterm() {
+    let addr = format!("127.0.0.1:{}", layad_system_tests::free_port());
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(bin_dir().join("layad"))
+        .args(["serve", "--listen", &addr])
+        .env("HF_HOME", fixture_hf_home())
+        .env("LAYAD_LOGGING__FORMAT", "json")
+        .env("LAYAD_WORKERS__SOCKET_DIR", sockets.path())
+        .env_remove("LAYA_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("layad serve starts");
+    let addr = addr.parse().expect("addr");
+    let start = Instant::now();
+    loop {
+        if get(addr, "/readyz").await.is_ok_and(|r| r.status == 200) {
+            break;
+        }
+        assert!(child.try_wait().expect("wait").is_none(), "layad serve exited early");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "layad serve never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let response = post_json(addr, "/v1/systemone", small_request().as_bytes())
+        .await
+        .expect("post");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let health = get(addr, "/health").await.expect("health").json();
+    assert_eq!(health["pools"][0]["name"], "gpu");
+    assert_eq!(
+        health["pools"][0]["workers"][0]["device"], "cpu",
+        "auto means CPU on Linux: {health}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("exit");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.lines().all(|l| l.starts_with('{')), "JSON logs only: {stderr}");
+    // Worker lines are re-emitted by the supervisor, tagged with their pool and pid.
+    assert!(stderr.contains("\"pool\":\"gpu\""), "{stderr}");
+}

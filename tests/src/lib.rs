@@ -1,0 +1,335 @@
+//! Harness for whole-system tests: finds (or builds) the real `layad` and worker binaries, starts
+//! `layad serve` on the fixture checkpoints with a given config, and speaks plain HTTP/1.1 to it.
+//!
+//! Nothing here is mocked: every test drives real processes over real sockets on loopback.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The fixture Hugging Face home (`HF_HOME`), holding three tiny checkpoints.
+pub fn fixture_hf_home() -> PathBuf {
+    repo_root().join("tests/fixtures/hf-cache")
+}
+
+/// Reads a JSON fixture under `tests/fixtures/`.
+pub fn fixture_json(rel: &str) -> serde_json::Value {
+    let path = repo_root().join("tests/fixtures").join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The directory holding `layad` and the worker binaries of the profile these tests were built with,
+/// building them first if `cargo test` did not (e.g. `cargo test -p layad-system-tests`).
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // target/<profile>/deps/<test binary>
+        let exe = std::env::current_exe().expect("test executable path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>")
+            .to_path_buf();
+        let missing = ["layad", "layad-worker-gpu"].iter().any(|b| !dir.join(b).is_file());
+        if missing {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let mut build = Command::new(cargo);
+            build
+                .current_dir(repo_root())
+                .args(["build", "-p", "layad", "-p", "layad-worker-gpu", "--bins"]);
+            if dir.file_name().is_some_and(|n| n == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build");
+            assert!(status.success(), "building layad and layad-worker-gpu failed");
+        }
+        dir
+    })
+}
+
+/// A free loopback port (bound and released; good enough for tests on one machine).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running `layad serve`.
+pub struct Server {
+    child: Child,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its working directory (config file, logs); removed on drop.
+    pub dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `layad serve` with `config` (TOML; `{listen}` is not needed: `--listen` is passed)
+    /// on the fixture checkpoints, with extra environment `env`. Does not wait for readiness.
+    pub fn start(config: &str, env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("layad.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let log = std::fs::File::create(dir.path().join("layad.log")).expect("log file");
+        let mut command = Command::new(bin_dir().join("layad"));
+        command
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .args(["--listen", &addr.to_string()])
+            .env("HF_HOME", fixture_hf_home())
+            .env("HF_HUB_OFFLINE", "1")
+            .env_remove("LAYA_API_KEY")
+            .env("LAYAD_WORKERS__SOCKET_DIR", dir.path().join("sockets"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().expect("spawn layad");
+        Server { child, addr, dir }
+    }
+
+    /// The supervisor's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the supervisor logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("layad.log")).unwrap_or_default()
+    }
+
+    /// Waits until `GET /readyz` answers 200.
+    pub async fn wait_ready(&mut self, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("layad exited with {status} before it was ready:\n{}", self.log());
+            }
+            if let Ok(r) = get(self.addr, "/readyz").await {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("layad not ready within {timeout:?}:\n{}", self.log());
+    }
+
+    /// Sends SIGTERM and waits (up to `timeout`) for the supervisor to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(timeout)
+    }
+
+    /// Waits (up to `timeout`) for the supervisor to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "layad did not exit within {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// An HTTP response.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body bytes.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header called `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// `GET path`.
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    request(addr, "GET", path, &[], b"").await
+}
+
+/// `POST path` with a JSON body.
+pub async fn post_json(addr: SocketAddr, path: &str, body: &[u8]) -> std::io::Result<Response> {
+    request(addr, "POST", path, &[("content-type", "application/json")], body).await
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`), with a `Content-Length` body.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    parse_response(&raw)
+        .ok_or_else(|| std::io::Error::other(format!("malformed response: {}", String::from_utf8_lossy(&raw))))
+}
+
+fn parse_response(raw: &[u8]) -> Option<Response> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
+    {
+        body = dechunk(&body)?;
+    }
+    Some(Response { status, headers, body })
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&data[..line_end]).ok()?.split(';').next()?.trim(),
+            16,
+        )
+        .ok()?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+/// Where two JSON values differ: structure and key order exactly, numbers within `tolerance`.
+pub fn json_differences(ours: &serde_json::Value, theirs: &serde_json::Value, tolerance: f64) -> Vec<String> {
+    fn walk(path: &str, ours: &serde_json::Value, theirs: &serde_json::Value, tolerance: f64, out: &mut Vec<String>) {
+        use serde_json::Value;
+        match (ours, theirs) {
+            (Value::Number(a), Value::Number(b)) => {
+                let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
+                if (a - b).abs() > tolerance + 1e-12 {
+                    out.push(format!("{path}: {a} vs upstream {b}"));
+                }
+            }
+            (Value::Object(a), Value::Object(b)) => {
+                if !a.keys().eq(b.keys()) {
+                    out.push(format!(
+                        "{path}: keys {:?} vs upstream {:?}",
+                        a.keys().collect::<Vec<_>>(),
+                        b.keys().collect::<Vec<_>>()
+                    ));
+                    return;
+                }
+                for (k, v) in a {
+                    walk(&format!("{path}.{k}"), v, &b[k], tolerance, out);
+                }
+            }
+            (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    walk(&format!("{path}[{i}]"), x, y, tolerance, out);
+                }
+            }
+            _ if ours == theirs => {}
+            _ => out.push(format!("{path}: {ours} vs upstream {theirs}")),
+        }
+    }
+    let mut out = Vec::new();
+    walk("$", ours, theirs, tolerance, &mut out);
+    out
+}
+
+/// Golden cases where layad answers a client mistake differently from upstream 0.3.20 on purpose
+/// (README, "Deliberate differences"): our status, and our `detail` when it is fixed text ("" = any).
+pub fn deliberate_difference(case: &str) -> Option<(u16, &'static str)> {
+    const INVALID_JSON: &str = "request body must be valid JSON";
+    Some(match case {
+        // NaN / Infinity literals and lone surrogate escapes are not JSON (RFC 8259).
+        "state_nan_infinity_accepted"
+        | "ok_infinity_in_choice_description"
+        | "e500_plain_text_nan_in_score_legend"
+        | "e500_lone_surrogate_state"
+        | "e500_lone_surrogate_in_option"
+        | "nan_infinity_in_state_accepted"
+        | "lone_surrogate_in_key_accepted"
+        | "deeply_nested_json_recursion_500" => (400, INVALID_JSON),
+        // A list or object as `type` is a 500 upstream (unhashable); ours names the problem.
+        "e500_type_list_unhashable" => (
+            422,
+            "question 'q': unknown type ['choice']; use one of ['choice', 'noul', 'score']",
+        ),
+        "e500_type_object_unhashable" => (
+            422,
+            "question 'q': unknown type {'t': 'noul'}; use one of ['choice', 'noul', 'score']",
+        ),
+        // Non-string list-form labels are a 500 upstream (TypeError while rendering).
+        "e500_numeric_list_labels"
+        | "e500_null_list_label"
+        | "e500_object_list_label"
+        | "e500_list_list_label_unhashable"
+        | "e500_bool_list_label" => (422, ""),
+        _ => return None,
+    })
+}

@@ -1,0 +1,352 @@
+//! `layad-bench`: forward latency of the candle engine on random-weight checkpoints of the published
+//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run.
+//!
+//! Prints a markdown table (the one in `docs/benchmarks.md`) and writes every number, with the
+//! machine's measured f32 GEMM peak and an output parity check against upstream, as JSON.
+
+mod checkpoint;
+mod upstream;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use clap::Parser;
+use laya::checkpoint::Location;
+use layad_proto::{Engine, EngineRow};
+use serde_json::{Value, json};
+use worker_gpu::device::CpuThreads;
+use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
+
+use checkpoint::ModelSpec;
+use upstream::UpstreamSession;
+
+/// Forward latency of the candle engine vs upstream PyTorch at the published model sizes.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Where the random checkpoints (reused across runs) and the JSON result go.
+    #[arg(long, default_value = "target/bench")]
+    out_dir: PathBuf,
+    /// Models to run: modernbert-large, mmbert-base.
+    #[arg(long, value_delimiter = ',', default_value = "modernbert-large,mmbert-base")]
+    models: Vec<String>,
+    /// Vocabulary of the mmBERT-base checkpoint (the published one has 256000).
+    #[arg(long, default_value_t = 256_000)]
+    mmbert_vocab: usize,
+    /// Row lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512")]
+    lengths: Vec<usize>,
+    /// Rows per forward.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    rows: Vec<usize>,
+    /// Candle precisions: f32, f16, bf16.
+    #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+    precisions: Vec<String>,
+    /// CPU threads for candle and for torch.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Timed rounds per shape, at least (a round times one forward of every engine).
+    #[arg(long, default_value_t = 2)]
+    min_rounds: usize,
+    /// Timed rounds per shape, at most.
+    #[arg(long, default_value_t = 15)]
+    max_rounds: usize,
+    /// Seconds per shape after which no further round starts (beyond --min-rounds).
+    #[arg(long, default_value_t = 12.0)]
+    budget_s: f64,
+    /// Python with laya[serve]==0.3.20 and torch; `none` skips the upstream side.
+    #[arg(long, default_value = "/work/upstream-venv/bin/python")]
+    python: String,
+    /// The upstream side of the benchmark.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/bench/torch_forward.py"))]
+    torch_script: PathBuf,
+    /// Fixture Hugging Face cache lending tokenizers and config templates.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
+    fixture_cache: PathBuf,
+}
+
+/// The timed forwards of one engine on one model and shape.
+struct Cell {
+    model: &'static str,
+    engine: String,
+    length: usize,
+    rows: usize,
+    times_ms: Vec<f64>,
+    flops: f64,
+}
+
+impl Cell {
+    /// Nearest-rank percentile of the timed forwards.
+    fn percentile(&self, p: f64) -> f64 {
+        let mut sorted = self.times_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len().max(1));
+        sorted.get(rank - 1).copied().unwrap_or(f64::NAN)
+    }
+
+    fn tokens_per_s(&self) -> f64 {
+        (self.length * self.rows) as f64 / (self.percentile(0.5) / 1e3)
+    }
+
+    fn gflops(&self) -> f64 {
+        self.flops / (self.percentile(0.5) / 1e3) / 1e9
+    }
+}
+
+/// The bench's inputs, identical to `torch_forward.py`'s `bench_inputs`.
+fn bench_rows(length: usize, rows: usize, vocab: usize) -> Vec<EngineRow> {
+    (0..rows)
+        .map(|r| EngineRow {
+            ids: (0..length)
+                .map(|t| ((r * 1009 + t * 7919 + 17) % vocab) as u32)
+                .collect(),
+            markers: vec![(length / 4) as u32, (length / 2) as u32, (3 * length / 4) as u32],
+            qtype: (r % 3) as u32,
+        })
+        .collect()
+}
+
+/// Milliseconds `work` takes.
+fn timed<T>(work: impl FnOnce() -> T) -> (T, f64) {
+    let start = Instant::now();
+    let out = work();
+    (out, start.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Best f32 GFLOP/s of candle's matmul (weights pre-transposed, as the model stores them) on the
+/// model's shapes, on the bench's thread pool.
+fn gemm_peak(pool: &CpuThreads) -> Result<(f64, Vec<Value>), String> {
+    let shapes = [
+        (512, 1024, 5248),
+        (512, 2624, 1024),
+        (1024, 1024, 3072),
+        (128, 1024, 5248),
+    ];
+    let mut best = 0f64;
+    let mut details = Vec::new();
+    for (m, k, n) in shapes {
+        let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).map_err(|e| e.to_string())?;
+        let w = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu).map_err(|e| e.to_string())?;
+        let mut best_ms = f64::INFINITY;
+        let start = Instant::now();
+        let mut runs = 0;
+        while runs < 5 || (runs < 40 && start.elapsed().as_secs_f64() < 2.0) {
+            let (product, ms) = pool.run(|| timed(|| a.matmul(&w)));
+            product.map_err(|e| e.to_string())?;
+            best_ms = best_ms.min(ms);
+            runs += 1;
+        }
+        let gflops = 2.0 * (m * k * n) as f64 / (best_ms / 1e3) / 1e9;
+        best = best.max(gflops);
+        details.push(json!({"m": m, "k": k, "n": n, "best_ms": best_ms, "gflops": gflops, "runs": runs}));
+    }
+    Ok((best, details))
+}
+
+fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+/// `/proc/loadavg`'s 1-minute figure; other work on the machine distorts every number here.
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    std::fs::create_dir_all(&args.out_dir).map_err(|e| format!("{}: {e}", args.out_dir.display()))?;
+    let load_before = load_average();
+    if load_before.is_some_and(|l| l > 0.5) {
+        eprintln!("warning: load average {load_before:?} before the run; other work will distort the timings");
+    }
+    let pool = CpuThreads::new(args.threads)?;
+    let (peak, gemm_details) = gemm_peak(&pool)?;
+    eprintln!("f32 GEMM peak on {} threads: {peak:.1} GFLOP/s", args.threads);
+    let precisions: Vec<Precision> = args
+        .precisions
+        .iter()
+        .map(|p| Precision::parse(p))
+        .collect::<Result<_, _>>()?;
+    let mut cells = Vec::new();
+    let mut parity = Vec::new();
+    let mut upstream_meta = Vec::new();
+    for model in &args.models {
+        let spec = match model.as_str() {
+            "modernbert-large" => ModelSpec::modernbert_large(),
+            "mmbert-base" => ModelSpec::mmbert_base(args.mmbert_vocab),
+            other => {
+                return Err(format!(
+                    "unknown model '{other}'; expected modernbert-large or mmbert-base"
+                ));
+            }
+        };
+        let dir = checkpoint::ensure_checkpoint(&spec, &args.out_dir, &args.fixture_cache)?;
+        let mut engines = Vec::with_capacity(precisions.len());
+        for &precision in &precisions {
+            let options = EngineOptions {
+                device: DeviceRequest::Cpu,
+                precision: Some(precision),
+                threads: Some(args.threads),
+                max_rows: 64,
+                max_batch_tokens: 1 << 20,
+            };
+            let engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
+                .map_err(|e| e.to_string())?;
+            engines.push((precision, engine));
+        }
+        let mut upstream = if args.python == "none" {
+            None
+        } else {
+            let session = UpstreamSession::start(&args.python, &args.torch_script, &dir, args.threads)?;
+            upstream_meta.push(json!({"model": spec.name, "torch": session.torch, "threads": session.threads}));
+            Some(session)
+        };
+        for &length in &args.lengths {
+            for &rows in &args.rows {
+                let inputs = bench_rows(length, rows, spec.vocab);
+                let flops = spec.forward_flops(length, rows);
+                let mut shape_cells: Vec<Cell> = engines
+                    .iter()
+                    .map(|(p, _)| format!("candle {p}"))
+                    .chain(upstream.as_ref().map(|_| "torch f32".to_owned()))
+                    .map(|engine| Cell {
+                        model: spec.name,
+                        engine,
+                        length,
+                        rows,
+                        times_ms: Vec::new(),
+                        flops,
+                    })
+                    .collect();
+                // Warm-up: one untimed forward each, whose outputs feed the parity check.
+                let mut candle_f32 = None;
+                for (precision, engine) in &mut engines {
+                    let out = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
+                    if *precision == Precision::F32 {
+                        candle_f32 = Some(out);
+                    }
+                }
+                if let Some(session) = upstream.as_mut() {
+                    let reply = session.forward(length, rows, 1, true)?;
+                    if let Some(ours) = &candle_f32 {
+                        let logits: Vec<Vec<f32>> = ours.iter().map(|o| o.logits.clone()).collect();
+                        let act: Vec<Vec<f32>> = ours.iter().map(|o| o.act_probabilities.clone()).collect();
+                        parity.push(json!({
+                            "model": spec.name, "length": length, "rows": rows,
+                            "max_abs_logit_diff": max_abs_diff(&logits, &reply.logits),
+                            "max_abs_act_probability_diff": max_abs_diff(&act, &reply.act_probabilities),
+                        }));
+                    }
+                }
+                // Rounds alternate the engines forward by forward, so load changes hit all alike.
+                let start = Instant::now();
+                let mut round = 0;
+                while round < args.min_rounds
+                    || (round < args.max_rounds && start.elapsed().as_secs_f64() < args.budget_s)
+                {
+                    for ((_, engine), cell) in engines.iter_mut().zip(&mut shape_cells) {
+                        let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
+                        out.map_err(|e| e.to_string())?;
+                        cell.times_ms.push(ms);
+                    }
+                    if let (Some(session), Some(cell)) = (upstream.as_mut(), shape_cells.last_mut()) {
+                        cell.times_ms.extend(session.forward(length, rows, 1, false)?.times_ms);
+                    }
+                    round += 1;
+                }
+                for cell in &shape_cells {
+                    eprintln!(
+                        "{} {} {length}x{rows}: p50 {:.1} ms over {round} rounds",
+                        cell.model,
+                        cell.engine,
+                        cell.percentile(0.5)
+                    );
+                }
+                cells.extend(shape_cells);
+            }
+        }
+    }
+    let load_after = load_average();
+    print_table(&cells, peak);
+    for p in &parity {
+        eprintln!("parity vs upstream f32: {p}");
+    }
+    let json_cells: Vec<Value> = cells
+        .iter()
+        .map(|c| {
+            json!({
+                "model": c.model, "engine": c.engine, "length": c.length, "rows": c.rows,
+                "times_ms": c.times_ms, "p50_ms": c.percentile(0.5), "p90_ms": c.percentile(0.9),
+                "tokens_per_s": c.tokens_per_s(), "gflops": c.gflops(), "fraction_of_gemm_peak": c.gflops() / peak,
+                "upstream_p50_ms": torch_p50(&cells, c),
+            })
+        })
+        .collect();
+    let result = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": {"cpu": cpu_model(), "threads": args.threads, "load_average_before": load_before, "load_average_after": load_after},
+        "gemm_peak_gflops": peak,
+        "gemm": gemm_details,
+        "flops_model": checkpoint::FLOPS_MODEL,
+        "upstream": upstream_meta,
+        "cells": json_cells,
+        "parity_f32_vs_upstream": parity,
+    });
+    let path = args.out_dir.join("model_forward.json");
+    let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Upstream's p50 for the same model and shape, if it ran.
+fn torch_p50(cells: &[Cell], cell: &Cell) -> Option<f64> {
+    cells
+        .iter()
+        .find(|c| c.engine == "torch f32" && c.model == cell.model && (c.length, c.rows) == (cell.length, cell.rows))
+        .map(|c| c.percentile(0.5))
+}
+
+fn print_table(cells: &[Cell], peak: f64) {
+    println!("| model | engine | len × rows | p50 ms | p90 ms | n | tokens/s | GEMM peak | vs torch p50 |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    for c in cells {
+        let ratio = torch_p50(cells, c).map_or("–".to_owned(), |t| format!("{:.2}×", c.percentile(0.5) / t));
+        println!(
+            "| {} | {} | {} × {} | {:.1} | {:.1} | {} | {:.0} | {:.0}% | {} |",
+            c.model,
+            c.engine,
+            c.length,
+            c.rows,
+            c.percentile(0.5),
+            c.percentile(0.9),
+            c.times_ms.len(),
+            c.tokens_per_s(),
+            100.0 * c.gflops() / peak,
+            ratio
+        );
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("layad-bench: {e}");
+        std::process::exit(1);
+    }
+}

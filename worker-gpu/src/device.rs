@@ -1,0 +1,258 @@
+//! Which device and precision the engine runs on: parsing what was asked for, finding out what is
+//! really available (with the reason when it fell back), and the per-process CPU thread pool.
+
+use std::fmt;
+
+use candle_core::{DType, Device};
+use laya::config::AmpDtype;
+
+/// The device an operator asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceRequest {
+    /// The best available: CUDA device 0, else Metal, else CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The default Metal device (macOS only).
+    Metal,
+    /// The CUDA device with this ordinal (needs the `cuda` feature).
+    Cuda(usize),
+}
+
+impl DeviceRequest {
+    /// Parses `auto`, `cpu`, `metal`, `cuda` (device 0) or `cuda:N`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("unknown device '{text}'; expected auto, cpu, metal, cuda or cuda:N");
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "metal" => Ok(Self::Metal),
+            "cuda" => Ok(Self::Cuda(0)),
+            other => {
+                let ordinal = other.strip_prefix("cuda:").ok_or_else(bad)?;
+                ordinal.parse().map(Self::Cuda).map_err(|_| bad())
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Metal => f.write_str("metal"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Precision of weights and matrix products; norms, softmax and RoPE always run in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in float32 (upstream's CPU behaviour; the reference).
+    F32,
+    /// float16 weights and matmuls (upstream's CUDA autocast below compute capability 8, and MPS).
+    F16,
+    /// bfloat16 weights and matmuls (upstream's CUDA autocast with the published `amp_dtype`).
+    Bf16,
+}
+
+impl Precision {
+    /// Parses `f32`, `f16` or `bf16` (also `float32`, `fp16`, `float16`, `bfloat16`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Ok(Self::F32),
+            "f16" | "fp16" | "float16" | "half" => Ok(Self::F16),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            _ => Err(format!("unknown precision '{text}'; expected f32, f16 or bf16")),
+        }
+    }
+
+    /// The precision upstream would use on `device` for checkpoints asking for `amp_dtypes`: f32 on
+    /// CPU; on a GPU bf16 when every checkpoint asks for bf16, else f16 (upstream's fallback).
+    pub fn default_for(device: &Device, amp_dtypes: impl IntoIterator<Item = AmpDtype>) -> Self {
+        if device.is_cpu() {
+            Self::F32
+        } else if amp_dtypes.into_iter().all(|d| d == AmpDtype::Bf16) {
+            Self::Bf16
+        } else {
+            Self::F16
+        }
+    }
+
+    /// The candle dtype of weights and matmuls.
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::F16 => DType::F16,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+
+    /// `f32`, `f16` or `bf16`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The device the engine really runs on.
+#[derive(Clone, Debug)]
+pub struct SelectedDevice {
+    /// What was asked for.
+    pub requested: DeviceRequest,
+    /// The candle device in use.
+    pub device: Device,
+    /// Why an explicitly requested GPU was not used (the engine then runs on the CPU).
+    pub fallback: Option<String>,
+}
+
+impl SelectedDevice {
+    /// Opens the requested device, falling back to the CPU (with the reason) when it is unavailable.
+    /// `Auto` tries CUDA device 0, then Metal, and settles on the CPU without calling it a fallback.
+    pub fn open(requested: DeviceRequest) -> Self {
+        let (device, fallback) = match requested {
+            DeviceRequest::Cpu => (Device::Cpu, None),
+            DeviceRequest::Auto => {
+                let gpu = candle_core::utils::cuda_is_available()
+                    .then(|| Device::new_cuda(0).ok())
+                    .flatten()
+                    .or_else(|| {
+                        candle_core::utils::metal_is_available()
+                            .then(|| Device::new_metal(0).ok())
+                            .flatten()
+                    });
+                (gpu.unwrap_or(Device::Cpu), None)
+            }
+            DeviceRequest::Metal => match Device::new_metal(0) {
+                Ok(device) => (device, None),
+                Err(e) => (Device::Cpu, Some(format!("metal unavailable ({e}); running on cpu"))),
+            },
+            DeviceRequest::Cuda(n) => match Device::new_cuda(n) {
+                Ok(device) => (device, None),
+                Err(e) => (Device::Cpu, Some(format!("cuda:{n} unavailable ({e}); running on cpu"))),
+            },
+        };
+        Self {
+            requested,
+            device,
+            fallback,
+        }
+    }
+
+    /// Name of the device in use: `cpu`, `metal` or `cuda:N`.
+    pub fn label(&self) -> String {
+        device_label(&self.device)
+    }
+}
+
+/// `cpu`, `metal` or `cuda:N` for a candle device.
+pub fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".to_owned(),
+        candle_core::DeviceLocation::Metal { .. } => "metal".to_owned(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+    }
+}
+
+/// A rayon pool of a fixed size that CPU forwards run in, so each worker process uses exactly the
+/// cores it was given instead of one thread per physical core.
+pub struct CpuThreads {
+    pool: rayon::ThreadPool,
+}
+
+impl CpuThreads {
+    /// A pool of `threads` threads (at least one).
+    pub fn new(threads: usize) -> Result<Self, String> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("candle-cpu-{i}"))
+            .build()
+            .map(|pool| Self { pool })
+            .map_err(|e| format!("cannot start {threads} CPU threads: {e}"))
+    }
+
+    /// Number of threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Runs `work` with every parallel section inside it on this pool.
+    pub fn run<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(work)
+    }
+}
+
+impl fmt::Debug for CpuThreads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuThreads").field("threads", &self.threads()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices_and_precisions() {
+        assert_eq!(DeviceRequest::parse("auto"), Ok(DeviceRequest::Auto));
+        assert_eq!(DeviceRequest::parse(" CPU "), Ok(DeviceRequest::Cpu));
+        assert_eq!(DeviceRequest::parse("metal"), Ok(DeviceRequest::Metal));
+        assert_eq!(DeviceRequest::parse("cuda"), Ok(DeviceRequest::Cuda(0)));
+        assert_eq!(DeviceRequest::parse("cuda:3"), Ok(DeviceRequest::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+            let err = DeviceRequest::parse(bad).expect_err(bad);
+            assert!(err.contains(&format!("'{bad}'")), "{err}");
+        }
+        assert_eq!(DeviceRequest::Cuda(2).to_string(), "cuda:2");
+        assert_eq!(Precision::parse("bf16"), Ok(Precision::Bf16));
+        assert_eq!(Precision::parse("FP16"), Ok(Precision::F16));
+        assert_eq!(Precision::parse("float32"), Ok(Precision::F32));
+        assert!(Precision::parse("int8").expect_err("int8").contains("'int8'"));
+    }
+
+    #[test]
+    fn cpu_is_never_a_fallback_and_missing_gpus_are() {
+        let cpu = SelectedDevice::open(DeviceRequest::Cpu);
+        assert_eq!((cpu.label().as_str(), cpu.fallback.is_none()), ("cpu", true));
+        let auto = SelectedDevice::open(DeviceRequest::Auto);
+        assert!(auto.fallback.is_none());
+        if !candle_core::utils::cuda_is_available() {
+            let cuda = SelectedDevice::open(DeviceRequest::Cuda(0));
+            assert_eq!(cuda.label(), "cpu");
+            assert!(
+                cuda.fallback
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("cuda:0 unavailable"))
+            );
+        }
+        if !candle_core::utils::metal_is_available() {
+            let metal = SelectedDevice::open(DeviceRequest::Metal);
+            assert!(
+                metal
+                    .fallback
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("metal unavailable"))
+            );
+        }
+    }
+
+    #[test]
+    fn default_precision_follows_upstream() {
+        assert_eq!(Precision::default_for(&Device::Cpu, [AmpDtype::Bf16]), Precision::F32);
+        assert_eq!(Precision::F16.dtype(), DType::F16);
+        let pool = CpuThreads::new(3).expect("pool");
+        assert_eq!(pool.threads(), 3);
+        assert_eq!(pool.run(rayon::current_num_threads), 3);
+    }
+}

@@ -1,0 +1,229 @@
+//! `CandleEngine`: the worker's [`Engine`] — several named checkpoints loaded on one device in one
+//! precision, each request validated before it reaches the model.
+
+use candle_core::Device;
+use laya::checkpoint::{Checkpoint, Location};
+use layad_proto::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint};
+
+use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
+use crate::error::LoadError;
+use crate::model::LayaModel;
+
+/// How the engine is set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// The device to run on (falls back to the CPU when unavailable; see [`CandleEngine::fallback`]).
+    pub device: DeviceRequest,
+    /// Weights and matmul precision; `None`: f32 on the CPU, the checkpoints' `amp_dtype` on a GPU.
+    pub precision: Option<Precision>,
+    /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: rayon's
+    /// default, one per logical core. candle's own elementwise ops (adds, casts) run on a pool sized
+    /// by `CANDLE_NUM_THREADS` (default: physical cores), which only the process environment sets.
+    pub threads: Option<usize>,
+    /// Most rows in one forward.
+    pub max_rows: u32,
+    /// Most tokens (sum of row lengths) in one forward.
+    pub max_batch_tokens: u32,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            device: DeviceRequest::Auto,
+            precision: None,
+            threads: None,
+            max_rows: 64,
+            max_batch_tokens: 16_384,
+        }
+    }
+}
+
+struct NamedModel {
+    info: LoadedCheckpoint,
+    model: LayaModel,
+}
+
+/// Laya checkpoints in candle behind the worker's engine trait.
+pub struct CandleEngine {
+    device: SelectedDevice,
+    precision: Precision,
+    threads: Option<CpuThreads>,
+    models: Vec<NamedModel>,
+    max_rows: u32,
+    max_batch_tokens: u32,
+}
+
+impl CandleEngine {
+    /// Opens and loads every `(name, location)` checkpoint on the requested device.
+    pub fn load(checkpoints: &[(String, Location)], options: EngineOptions) -> Result<Self, LoadError> {
+        if checkpoints.is_empty() {
+            return Err(LoadError::NoCheckpoints);
+        }
+        let mut opened: Vec<(&str, Checkpoint)> = Vec::with_capacity(checkpoints.len());
+        for (name, location) in checkpoints {
+            if opened.iter().any(|(n, _)| n == name) {
+                return Err(LoadError::DuplicateName(name.clone()));
+            }
+            let checkpoint = Checkpoint::open(location.clone()).map_err(|source| LoadError::Checkpoint {
+                name: name.clone(),
+                source,
+            })?;
+            opened.push((name, checkpoint));
+        }
+        let device = SelectedDevice::open(options.device);
+        if let Some(reason) = &device.fallback {
+            tracing::warn!(requested = %options.device, %reason, "device fallback");
+        }
+        let precision = options
+            .precision
+            .unwrap_or_else(|| Precision::default_for(&device.device, opened.iter().map(|(_, c)| c.agent.amp_dtype)));
+        let threads = match (options.threads, device.device.is_cpu()) {
+            (Some(n), true) => Some(CpuThreads::new(n).map_err(LoadError::Device)?),
+            _ => None,
+        };
+        let mut models = Vec::with_capacity(opened.len());
+        for (name, checkpoint) in &opened {
+            let model = LayaModel::load(name, checkpoint, &device.device, precision.dtype())?;
+            tracing::info!(
+                checkpoint = name,
+                device = %device.label(),
+                dtype = precision.as_str(),
+                sha256 = %checkpoint.weights.sha256,
+                "checkpoint loaded"
+            );
+            models.push(NamedModel {
+                info: LoadedCheckpoint {
+                    name: (*name).to_owned(),
+                    revision: checkpoint.location.revision().map(str::to_owned),
+                    weights_sha256: checkpoint.weights.sha256.clone(),
+                    vocab_size: saturating_u32(model.vocab_size),
+                    max_len: saturating_u32(model.max_len),
+                },
+                model,
+            });
+        }
+        Ok(Self {
+            device,
+            precision,
+            threads,
+            models,
+            max_rows: options.max_rows,
+            max_batch_tokens: options.max_batch_tokens,
+        })
+    }
+
+    /// The candle device forwards run on.
+    pub fn device(&self) -> &Device {
+        &self.device.device
+    }
+
+    /// Why the requested GPU is not in use, when the engine fell back to the CPU.
+    pub fn fallback(&self) -> Option<&str> {
+        self.device.fallback.as_deref()
+    }
+
+    /// The precision in use.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Size of the engine's own CPU thread pool, when one was asked for.
+    pub fn cpu_threads(&self) -> Option<usize> {
+        self.threads.as_ref().map(CpuThreads::threads)
+    }
+
+    fn find(&self, checkpoint: &str) -> Result<&NamedModel, EngineError> {
+        self.models.iter().find(|m| m.info.name == checkpoint).ok_or_else(|| {
+            let loaded: Vec<&str> = self.models.iter().map(|m| m.info.name.as_str()).collect();
+            EngineError::InvalidArgument(format!(
+                "unknown checkpoint '{checkpoint}'; loaded: {}",
+                loaded.join(", ")
+            ))
+        })
+    }
+
+    fn validate(&self, named: &NamedModel, rows: &[EngineRow]) -> Result<(), EngineError> {
+        let invalid = |message: String| Err(EngineError::InvalidArgument(message));
+        if rows.len() > self.max_rows as usize {
+            return invalid(format!(
+                "batch has {} rows; this engine takes at most {}",
+                rows.len(),
+                self.max_rows
+            ));
+        }
+        let tokens: usize = rows.iter().map(|r| r.ids.len()).sum();
+        if tokens > self.max_batch_tokens as usize {
+            return invalid(format!(
+                "batch has {tokens} tokens; this engine takes at most {}",
+                self.max_batch_tokens
+            ));
+        }
+        let name = &named.info.name;
+        for (i, row) in rows.iter().enumerate() {
+            let len = row.ids.len();
+            if len == 0 {
+                return invalid(format!("row {i} has no tokens"));
+            }
+            if len > named.model.max_len {
+                return invalid(format!(
+                    "row {i} has {len} tokens; checkpoint '{name}' accepts at most {}",
+                    named.model.max_len
+                ));
+            }
+            if let Some((j, id)) = row
+                .ids
+                .iter()
+                .enumerate()
+                .find(|(_, id)| **id as usize >= named.model.vocab_size)
+            {
+                return invalid(format!(
+                    "row {i} token {j} is id {id}; checkpoint '{name}' has ids 0..{}",
+                    named.model.vocab_size
+                ));
+            }
+            if row.markers.is_empty() {
+                return invalid(format!("row {i} has no option markers"));
+            }
+            if let Some((s, m)) = row.markers.iter().enumerate().find(|(_, m)| **m as usize >= len) {
+                return invalid(format!(
+                    "row {i} marker {s} is at position {m}, outside the row's {len} tokens"
+                ));
+            }
+            if row.qtype > 2 {
+                return invalid(format!(
+                    "row {i} has question type {}; expected 0 (choice), 1 (score) or 2 (noul)",
+                    row.qtype
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Engine for CandleEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            device: self.device.label(),
+            dtype: self.precision.as_str().to_owned(),
+            checkpoints: self.models.iter().map(|m| m.info.clone()).collect(),
+            max_rows: self.max_rows,
+            max_batch_tokens: self.max_batch_tokens,
+            length_buckets: Vec::new(),
+        }
+    }
+
+    fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+        let named = self.find(checkpoint)?;
+        self.validate(named, rows)?;
+        let run = || named.model.forward(rows);
+        let outputs = match &self.threads {
+            Some(pool) => pool.run(run),
+            None => run(),
+        };
+        outputs.map_err(|e| EngineError::Internal(format!("forward on '{checkpoint}' failed: {e}")))
+    }
+}
+
+fn saturating_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,8 @@
+//! The building blocks shared by the encoder and the decision head: linear layers in the compute
+//! precision, float32 LayerNorm, RoPE tables and attention with cached masks.
+
+pub(crate) mod attention;
+pub(crate) mod cpu_kernels;
+pub(crate) mod linear;
+pub(crate) mod norm;
+pub(crate) mod rotary;

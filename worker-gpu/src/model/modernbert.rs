@@ -1,0 +1,192 @@
+//! The ModernBERT encoder as transformers 5.17 runs it in eval mode (spec §4.2): embeddings and
+//! norm, layers alternating full and sliding-window attention with RoPE, GeGLU MLP, final norm.
+//!
+//! The residual stream is float32; matmuls run in the compute precision, norms, softmax and RoPE in
+//! float32 — torch autocast's split. Rows are right-padded; see `layers::attention` for the masks.
+
+use candle_core::{DType, Device, Tensor};
+use laya::config::{EncoderConfig, LayerType};
+
+use crate::error::LoadError;
+use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
+use crate::layers::cpu_kernels::GeGluOp;
+use crate::layers::linear::Linear;
+use crate::layers::norm::LayerNorm;
+use crate::layers::rotary::RopeTable;
+use crate::weights::Weights;
+
+/// Masks of one forward, shared by every layer (and the decision head's key padding).
+pub(crate) struct ForwardMasks {
+    /// Additive `[batch, 1, 1, len]` key-padding mask, `None` when no row is padded.
+    pub(crate) key_padding: Option<Tensor>,
+    /// How sliding-window layers attend; `None` when the encoder has none.
+    pub(crate) sliding: Option<SlidingPlan>,
+}
+
+/// Splits `qkv` `[batch·len, 3·heads·head_dim]` into `q, k, v` `[batch, heads, len, head_dim]`
+/// (PyTorch's order: q rows first, then k, then v).
+pub(crate) fn split_heads(
+    qkv: &Tensor,
+    (batch, len): (usize, usize),
+    heads: usize,
+    head_dim: usize,
+) -> candle_core::Result<[Tensor; 3]> {
+    let qkv = qkv.reshape((batch, len, 3, heads, head_dim))?;
+    let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2);
+    Ok([part(0)?, part(1)?, part(2)?.contiguous()?])
+}
+
+/// `[batch, heads, len, head_dim]` back to `[batch·len, heads·head_dim]`.
+pub(crate) fn merge_heads(x: &Tensor) -> candle_core::Result<Tensor> {
+    let (batch, heads, len, head_dim) = x.dims4()?;
+    x.transpose(1, 2)?.reshape((batch * len, heads * head_dim))
+}
+
+struct EncoderLayer {
+    /// Absent in layer 0, where transformers uses an identity.
+    attn_norm: Option<LayerNorm>,
+    wqkv: Linear,
+    wo: Linear,
+    mlp_norm: LayerNorm,
+    /// Projects to `[input | gate]`, each `intermediate` wide.
+    wi: Linear,
+    mlp_wo: Linear,
+    kind: LayerType,
+}
+
+/// The encoder with its RoPE tables and sliding-window caches.
+pub(crate) struct Encoder {
+    tok_embeddings: Tensor,
+    embed_norm: LayerNorm,
+    layers: Vec<EncoderLayer>,
+    final_norm: LayerNorm,
+    global_rope: RopeTable,
+    local_rope: RopeTable,
+    window: Option<SlidingWindow>,
+    heads: usize,
+    head_dim: usize,
+    intermediate: usize,
+}
+
+impl Encoder {
+    /// Takes the `encoder.` tensors. RoPE tables cover positions `0..max_len`.
+    pub(crate) fn load(
+        weights: &mut Weights,
+        config: &EncoderConfig,
+        max_len: usize,
+        dtype: DType,
+    ) -> Result<Self, LoadError> {
+        let (d, inter) = (config.hidden_size, config.intermediate_size);
+        let eps = config.norm_eps;
+        let device_error = |e: candle_core::Error| LoadError::Device(format!("building attention tables: {e}"));
+        // An f16/bf16 table is kept as stored (the norm after it runs in f32 anyway), so half
+        // precision adds no rounding to the embeddings that upstream's autocast would not.
+        let embedding_name = "encoder.embeddings.tok_embeddings.weight";
+        let embedding_dtype = match (dtype, weights.dtype_of(embedding_name)?) {
+            (DType::F32, _) => DType::F32,
+            (_, stored @ (DType::F16 | DType::BF16)) => stored,
+            (compute, _) => compute,
+        };
+        let tok_embeddings = weights.take(embedding_name, &[config.vocab_size, d], embedding_dtype)?;
+        let embed_norm = LayerNorm::load(weights, "encoder.embeddings.norm", d, false, eps)?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for (i, &kind) in config.layer_types.iter().enumerate() {
+            let p = format!("encoder.layers.{i}");
+            let attn_norm = if i == 0 {
+                None
+            } else {
+                Some(LayerNorm::load(weights, &format!("{p}.attn_norm"), d, false, eps)?)
+            };
+            let mut wqkv = Linear::load(weights, &format!("{p}.attn.Wqkv"), (3 * d, d), false, dtype)?;
+            // softmax(q·kᵀ·s) = softmax((s·q)·kᵀ), and RoPE is linear: scale the query rows once here.
+            wqkv.scale_outputs(0, d, (config.head_dim() as f64).powf(-0.5))
+                .map_err(|e| LoadError::Device(format!("{p}.attn.Wqkv: {e}")))?;
+            layers.push(EncoderLayer {
+                attn_norm,
+                wqkv,
+                wo: Linear::load(weights, &format!("{p}.attn.Wo"), (d, d), false, dtype)?,
+                mlp_norm: LayerNorm::load(weights, &format!("{p}.mlp_norm"), d, false, eps)?,
+                wi: Linear::load(weights, &format!("{p}.mlp.Wi"), (2 * inter, d), false, dtype)?,
+                mlp_wo: Linear::load(weights, &format!("{p}.mlp.Wo"), (d, inter), false, dtype)?,
+                kind,
+            });
+        }
+        let final_norm = LayerNorm::load(weights, "encoder.final_norm", d, false, eps)?;
+        let device = weights.device().clone();
+        let head_dim = config.head_dim();
+        let rope = |theta| RopeTable::new(theta, head_dim, max_len, &device).map_err(device_error);
+        let window = if config.layer_types.contains(&LayerType::Sliding) {
+            Some(SlidingWindow::new(config.local_attention, &device).map_err(device_error)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            tok_embeddings,
+            embed_norm,
+            layers,
+            final_norm,
+            global_rope: rope(config.global_rope_theta)?,
+            local_rope: rope(config.local_rope_theta)?,
+            window,
+            heads: config.num_attention_heads,
+            head_dim,
+            intermediate: inter,
+        })
+    }
+
+    /// The masks for rows of `lengths` padded to `len`.
+    pub(crate) fn masks(&self, lengths: &[usize], len: usize, device: &Device) -> candle_core::Result<ForwardMasks> {
+        let key_padding = crate::layers::attention::key_padding_mask(lengths, len, device)?;
+        let sliding = match &self.window {
+            Some(window) => Some(window.plan(lengths, len, key_padding.as_ref(), window.banded_at(len))?),
+            None => None,
+        };
+        Ok(ForwardMasks { key_padding, sliding })
+    }
+
+    /// `ids` `[batch·len]` (right-padded rows) to the final hidden states `[batch·len, hidden]`, f32.
+    pub(crate) fn forward(
+        &self,
+        ids: &Tensor,
+        shape: (usize, usize),
+        masks: &ForwardMasks,
+    ) -> candle_core::Result<Tensor> {
+        let mut x = self.embed_norm.forward(&self.tok_embeddings.index_select(ids, 0)?)?;
+        for layer in &self.layers {
+            x = self.layer_forward(layer, &x, shape, masks)?;
+        }
+        self.final_norm.forward(&x)
+    }
+
+    fn layer_forward(
+        &self,
+        layer: &EncoderLayer,
+        x: &Tensor,
+        shape: (usize, usize),
+        masks: &ForwardMasks,
+    ) -> candle_core::Result<Tensor> {
+        let normed = match &layer.attn_norm {
+            Some(norm) => norm.forward(x)?,
+            None => x.clone(),
+        };
+        let [q, k, v] = split_heads(&layer.wqkv.forward(&normed)?, shape, self.heads, self.head_dim)?;
+        let rope = match layer.kind {
+            LayerType::Full => &self.global_rope,
+            LayerType::Sliding => &self.local_rope,
+        };
+        let (q, k) = (rope.apply(&q)?, rope.apply(&k)?);
+        let attended = match (layer.kind, &masks.sliding) {
+            (LayerType::Sliding, Some(plan)) => plan.attend(&q, &k, &v)?,
+            _ => attend(&q, &k, &v, masks.key_padding.as_ref())?,
+        };
+        let x = (x + layer.wo.forward(&merge_heads(&attended)?)?.to_dtype(DType::F32)?)?;
+        let projected = layer.wi.forward(&layer.mlp_norm.forward(&x)?)?;
+        let activated = if projected.device().is_cpu() && projected.dtype() == DType::F32 {
+            projected.apply_op1_no_bwd(&GeGluOp)?
+        } else {
+            let input = projected.narrow(1, 0, self.intermediate)?;
+            (input.gelu_erf()? * projected.narrow(1, self.intermediate, self.intermediate)?)?
+        };
+        x + layer.mlp_wo.forward(&activated)?.to_dtype(DType::F32)?
+    }
+}

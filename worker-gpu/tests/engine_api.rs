@@ -1,0 +1,189 @@
+//! `CandleEngine` through the worker's `Engine` trait: what `info()` reports, which requests are
+//! refused with `InvalidArgument` (and what the message says), and the load-time refusals.
+
+use std::path::PathBuf;
+
+use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
+use laya::routing::CheckpointName;
+use layad_proto::{Engine, EngineError, EngineRow};
+use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, LoadError, Precision};
+
+fn location(name: CheckpointName) -> Location {
+    let cache = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"));
+    find_in_hf_cache(&cache, name).expect("fixture checkpoint")
+}
+
+fn options() -> EngineOptions {
+    EngineOptions {
+        device: DeviceRequest::Cpu,
+        precision: None,
+        threads: Some(1),
+        max_rows: 4,
+        max_batch_tokens: 100,
+    }
+}
+
+fn engine() -> CandleEngine {
+    let checkpoints = [
+        ("english".to_owned(), location(CheckpointName::English)),
+        ("multilingual".to_owned(), location(CheckpointName::Multilingual)),
+    ];
+    CandleEngine::load(&checkpoints, options()).expect("load")
+}
+
+fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: u32) -> EngineRow {
+    EngineRow { ids, markers, qtype }
+}
+
+#[test]
+fn info_reports_what_runs() {
+    let engine = engine();
+    let info = engine.info();
+    assert_eq!((info.device.as_str(), info.dtype.as_str()), ("cpu", "f32"));
+    assert_eq!((info.max_rows, info.max_batch_tokens), (4, 100));
+    assert!(info.length_buckets.is_empty());
+    assert_eq!(engine.cpu_threads(), Some(1));
+    assert_eq!(engine.precision(), Precision::F32);
+    assert!(engine.fallback().is_none());
+    let names: Vec<&str> = info.checkpoints.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["english", "multilingual"]);
+    for (loaded, name) in info
+        .checkpoints
+        .iter()
+        .zip([CheckpointName::English, CheckpointName::Multilingual])
+    {
+        let checkpoint = Checkpoint::open(location(name)).expect("open");
+        assert_eq!(
+            loaded.revision.as_deref(),
+            Some("7a1e5eed0f1c7ee5c0de5eed0f1c7ee5c0de0320")
+        );
+        assert_eq!(loaded.weights_sha256, checkpoint.weights.sha256);
+        assert_eq!(loaded.vocab_size as usize, checkpoint.encoder.vocab_size);
+        assert_eq!(loaded.max_len as usize, checkpoint.agent.max_len);
+    }
+    assert_eq!((info.checkpoints[0].vocab_size, info.checkpoints[0].max_len), (701, 96));
+    assert_eq!(
+        (info.checkpoints[1].vocab_size, info.checkpoints[1].max_len),
+        (776, 128)
+    );
+}
+
+#[test]
+fn outputs_have_one_logit_per_marker_and_n_act_probabilities() {
+    let mut engine = engine();
+    let rows = [
+        row(vec![1, 5, 700, 9, 700, 2], vec![2, 4], 0),
+        row(vec![1, 700, 2], vec![1], 2),
+    ];
+    let english = engine.forward("english", &rows).expect("forward");
+    assert_eq!(english.iter().map(|o| o.logits.len()).collect::<Vec<_>>(), [2, 1]);
+    let multilingual = engine.forward("multilingual", &rows).expect("forward");
+    for (outputs, n_act) in [(&english, 2), (&multilingual, 3)] {
+        for out in outputs {
+            assert_eq!(out.act_probabilities.len(), n_act);
+            let sum: f32 = out.act_probabilities.iter().sum();
+            assert!((sum - 1.0).abs() < 1e-5 && out.logits.iter().all(|l| l.is_finite()));
+        }
+    }
+    assert!(engine.forward("english", &[]).expect("no rows").is_empty());
+}
+
+fn refusal(engine: &mut CandleEngine, checkpoint: &str, rows: &[EngineRow]) -> String {
+    match engine.forward(checkpoint, rows) {
+        Err(EngineError::InvalidArgument(message)) => message,
+        Err(other) => panic!("expected InvalidArgument, got {other}"),
+        Ok(_) => panic!("expected a refusal"),
+    }
+}
+
+#[test]
+fn invalid_requests_are_refused_with_a_reason() {
+    let mut engine = engine();
+    let ok = row(vec![1, 700, 2], vec![1], 0);
+    let cases: Vec<(&str, Vec<EngineRow>, &str)> = vec![
+        (
+            "german",
+            vec![ok.clone()],
+            "unknown checkpoint 'german'; loaded: english, multilingual",
+        ),
+        (
+            "english",
+            vec![ok.clone(); 5],
+            "batch has 5 rows; this engine takes at most 4",
+        ),
+        (
+            "english",
+            vec![row(vec![1; 60], vec![1], 0), row(vec![1; 41], vec![1], 0)],
+            "batch has 101 tokens; this engine takes at most 100",
+        ),
+        (
+            "english",
+            vec![ok.clone(), row(vec![], vec![], 0)],
+            "row 1 has no tokens",
+        ),
+        (
+            "english",
+            vec![row(vec![1; 97], vec![1], 0)],
+            "row 0 has 97 tokens; checkpoint 'english' accepts at most 96",
+        ),
+        (
+            "english",
+            vec![row(vec![1, 701, 2], vec![1], 0)],
+            "row 0 token 1 is id 701; checkpoint 'english' has ids 0..701",
+        ),
+        (
+            "english",
+            vec![row(vec![1, 700, 2], vec![], 0)],
+            "row 0 has no option markers",
+        ),
+        (
+            "english",
+            vec![row(vec![1, 700, 2], vec![1, 3], 0)],
+            "row 0 marker 1 is at position 3, outside the row's 3 tokens",
+        ),
+        (
+            "english",
+            vec![row(vec![1, 700, 2], vec![1], 3)],
+            "row 0 has question type 3; expected 0 (choice), 1 (score) or 2 (noul)",
+        ),
+    ];
+    for (checkpoint, rows, want) in cases {
+        assert_eq!(refusal(&mut engine, checkpoint, &rows), want);
+    }
+    // Multilingual accepts longer rows and more ids than english.
+    let long = row(vec![5; 97], vec![1], 1);
+    assert!(engine.forward("multilingual", &[long]).is_ok());
+}
+
+#[test]
+fn load_refuses_duplicates_and_empty_lists() {
+    let english = location(CheckpointName::English);
+    let twice = [("a".to_owned(), english.clone()), ("a".to_owned(), english)];
+    assert!(matches!(CandleEngine::load(&twice, options()), Err(LoadError::DuplicateName(n)) if n == "a"));
+    assert!(matches!(
+        CandleEngine::load(&[], options()),
+        Err(LoadError::NoCheckpoints)
+    ));
+    let missing = [("nowhere".to_owned(), Location::directory("/nonexistent/laya"))];
+    let err = CandleEngine::load(&missing, options()).err().expect("fails");
+    assert!(
+        err.to_string().starts_with("checkpoint 'nowhere': /nonexistent/laya"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unavailable_gpu_falls_back_to_the_cpu_and_says_so() {
+    if candle_core::utils::cuda_is_available() {
+        return;
+    }
+    let checkpoints = [("english".to_owned(), location(CheckpointName::English))];
+    let requested = EngineOptions {
+        device: DeviceRequest::Cuda(0),
+        ..options()
+    };
+    let engine = CandleEngine::load(&checkpoints, requested).expect("falls back");
+    assert_eq!(engine.info().device, "cpu");
+    assert_eq!(engine.info().dtype, "f32");
+    assert!(engine.fallback().is_some_and(|r| r.starts_with("cuda:0 unavailable")));
+}
