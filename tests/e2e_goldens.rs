@@ -52,7 +52,7 @@ async fn every_golden_request_is_answered_like_upstream() {
         }
         let ours = response.json();
         let theirs: serde_json::Value = serde_json::from_str(upstream).unwrap_or(serde_json::Value::Null);
-        let problems = json_differences(&ours, &theirs, 1e-4);
+        let problems = json_differences(&ours, &theirs);
         if !problems.is_empty() {
             failures.push(format!("{name}: {}", problems.join("; ")));
         }

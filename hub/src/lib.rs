@@ -99,18 +99,53 @@ pub enum FileState {
 }
 
 /// Makes each named checkpoint complete in the cache at the bundle's current `main` commit and
-/// returns where each is. With `options.offline`, makes no request: succeeds only if every
-/// checkpoint is already cached, else [`FetchError::Offline`].
+/// returns where each is (`layad fetch`). With `options.offline`, makes no request: succeeds only
+/// if every checkpoint is already complete in the cache, else [`FetchError::Offline`].
 pub async fn fetch(names: &[CheckpointName], options: &FetchOptions) -> Result<Vec<FetchedCheckpoint>, FetchError> {
+    let unique = unique(names);
+    if options.offline {
+        let (found, missing) = split_cached(&unique, &options.cache_dir)?;
+        return if missing.is_empty() {
+            Ok(found)
+        } else {
+            Err(offline_error(&missing, &options.cache_dir))
+        };
+    }
+    fetch_online(&unique, options).await
+}
+
+/// Returns each named checkpoint from the cache when all its files are there (no request at all),
+/// and fetches only the others (`serve` at start-up); with `options.offline` a missing one is
+/// [`FetchError::Offline`]. Results are in the order of `names`.
+pub async fn ensure_cached(
+    names: &[CheckpointName],
+    options: &FetchOptions,
+) -> Result<Vec<FetchedCheckpoint>, FetchError> {
+    let unique = unique(names);
+    let (mut found, missing) = split_cached(&unique, &options.cache_dir)?;
+    if !missing.is_empty() {
+        if options.offline {
+            return Err(offline_error(&missing, &options.cache_dir));
+        }
+        found.extend(fetch_online(&missing, options).await?);
+    }
+    found.sort_by_key(|c| unique.iter().position(|&n| n == c.name));
+    Ok(found)
+}
+
+/// `names` without repeats, first occurrence kept.
+fn unique(names: &[CheckpointName]) -> Vec<CheckpointName> {
     let mut unique: Vec<CheckpointName> = Vec::new();
     for &name in names {
         if !unique.contains(&name) {
             unique.push(name);
         }
     }
-    if options.offline {
-        return from_cache(&unique, &options.cache_dir);
-    }
+    unique
+}
+
+/// The online part of [`fetch`].
+async fn fetch_online(unique: &[CheckpointName], options: &FetchOptions) -> Result<Vec<FetchedCheckpoint>, FetchError> {
     if unique.is_empty() {
         return Ok(Vec::new());
     }
@@ -162,7 +197,7 @@ pub async fn fetch(names: &[CheckpointName], options: &FetchOptions) -> Result<V
     if previous.as_deref() != Some(commit) {
         repo.write_ref(REVISION, commit)?;
         if let Some(previous) = previous {
-            note_left_behind(&repo, &previous, commit, &unique, &mut progress);
+            note_left_behind(&repo, &previous, commit, unique, &mut progress);
         }
     }
     let total: u64 = fetched.iter().map(FetchedCheckpoint::transferred_bytes).sum();
@@ -242,35 +277,57 @@ async fn ensure_file(
     size_on_disk(FileState::Downloaded { transferred })
 }
 
-/// Offline: every checkpoint must already be in the cache.
-fn from_cache(names: &[CheckpointName], cache_dir: &Path) -> Result<Vec<FetchedCheckpoint>, FetchError> {
+/// Splits `names` into checkpoints complete in the cache (every file of [`CHECKPOINT_FILES`]
+/// present where [`find_in_hf_cache`] finds them) and the others.
+fn split_cached(
+    names: &[CheckpointName],
+    cache_dir: &Path,
+) -> Result<(Vec<FetchedCheckpoint>, Vec<CheckpointName>), FetchError> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for &name in names {
-        match find_in_hf_cache(cache_dir, name) {
-            Ok(location) => {
-                let files = CHECKPOINT_FILES
-                    .iter()
-                    .zip(checkpoint_paths(name))
-                    .map(|(file, repo_path)| FetchedFile {
-                        repo_path,
-                        size: std::fs::metadata(location.dir.join(file)).map_or(0, |m| m.len()),
-                        state: FileState::InSnapshot,
-                    })
-                    .collect();
-                found.push(FetchedCheckpoint { name, location, files });
+        let location = match find_in_hf_cache(cache_dir, name) {
+            Ok(location) => location,
+            Err(CheckpointError::NotFound { .. }) => {
+                missing.push(name);
+                continue;
             }
-            Err(CheckpointError::NotFound { .. }) => missing.push(name.as_str()),
             Err(e) => return Err(FetchError::Cache(e)),
-        }
+        };
+        let sizes: Option<Vec<u64>> = CHECKPOINT_FILES
+            .iter()
+            .map(|file| std::fs::metadata(location.dir.join(file)).ok().map(|m| m.len()))
+            .collect();
+        let Some(sizes) = sizes else {
+            missing.push(name);
+            continue;
+        };
+        let subfolder = match &location.origin {
+            Origin::HfCache { subfolder, .. } => subfolder.clone(),
+            Origin::Directory => None,
+        };
+        let files = CHECKPOINT_FILES
+            .iter()
+            .zip(sizes)
+            .map(|(file, size)| FetchedFile {
+                repo_path: subfolder
+                    .as_ref()
+                    .map_or_else(|| (*file).to_owned(), |sub| format!("{sub}/{file}")),
+                size,
+                state: FileState::InSnapshot,
+            })
+            .collect();
+        found.push(FetchedCheckpoint { name, location, files });
     }
-    if missing.is_empty() {
-        Ok(found)
-    } else {
-        Err(FetchError::Offline {
-            names: missing.join(" "),
-            cache: cache_dir.to_path_buf(),
-        })
+    Ok((found, missing))
+}
+
+/// [`FetchError::Offline`] for `missing`.
+fn offline_error(missing: &[CheckpointName], cache_dir: &Path) -> FetchError {
+    let names: Vec<&str> = missing.iter().map(|n| n.as_str()).collect();
+    FetchError::Offline {
+        names: names.join(" "),
+        cache: cache_dir.to_path_buf(),
     }
 }
 

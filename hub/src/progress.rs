@@ -13,7 +13,10 @@ const SMALL_FILE: u64 = 1 << 20;
 /// Line mode reports every this many bytes when the size is unknown.
 const UNKNOWN_SIZE_STEP: u64 = 64 << 20;
 /// Width of the bar itself, in characters.
-const BAR_WIDTH: usize = 30;
+const BAR_WIDTH: usize = 12;
+/// Longest file name on a bar line; with the bar and numbers the line stays within 80 columns,
+/// because a line that wraps cannot be redrawn in place.
+const BAR_NAME: usize = 20;
 
 /// Where progress goes, with the style already decided.
 pub(crate) struct Progress {
@@ -69,6 +72,7 @@ impl Progress {
             started_at: done,
             start: Instant::now(),
             last_draw: None,
+            drawn_width: 0,
             next_mark: 0,
         };
         file.next_mark = file.mark_after(done);
@@ -95,6 +99,8 @@ pub(crate) struct FileProgress<'a> {
     started_at: u64,
     start: Instant,
     last_draw: Option<Instant>,
+    /// Bar mode: characters of the line drawn last, to blank what a shorter redraw leaves behind.
+    drawn_width: usize,
     /// Line mode: the next byte count that earns a line.
     next_mark: u64,
 }
@@ -106,9 +112,7 @@ impl FileProgress<'_> {
             Resolved::Bar => {
                 if self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
                     self.last_draw = Some(Instant::now());
-                    let line = bar_line(&self.name, done, self.total, self.rate(done));
-                    let _ = write!(self.progress.out, "\r{line}");
-                    let _ = self.progress.out.flush();
+                    self.draw(done, "");
                 }
             }
             Resolved::Lines | Resolved::Log => {
@@ -142,14 +146,21 @@ impl FileProgress<'_> {
             human(self.rate(done))
         );
         match self.progress.style {
-            Resolved::Bar => {
-                let line = bar_line(&self.name, done, self.total, self.rate(done));
-                let _ = writeln!(self.progress.out, "\r{line}");
-            }
+            Resolved::Bar => self.draw(done, "\n"),
             Resolved::Lines | Resolved::Log => self.progress.note(&summary),
             Resolved::Silent => {}
         }
         self.last_draw = None;
+    }
+
+    /// Redraws the bar line in place, then writes `end`.
+    fn draw(&mut self, done: u64, end: &str) {
+        let line = bar_line(&self.name, done, self.total, self.rate(done));
+        let width = line.chars().count();
+        let blank = " ".repeat(self.drawn_width.saturating_sub(width));
+        self.drawn_width = if end.is_empty() { width } else { 0 };
+        let _ = write!(self.progress.out, "\r{line}{blank}{end}");
+        let _ = self.progress.out.flush();
     }
 
     /// Ends the current line of a bar (before a note about a retry, say).
@@ -157,6 +168,7 @@ impl FileProgress<'_> {
         if self.progress.style == Resolved::Bar && self.last_draw.is_some() {
             let _ = writeln!(self.progress.out);
             self.last_draw = None;
+            self.drawn_width = 0;
         }
     }
 
@@ -189,6 +201,7 @@ impl FileProgress<'_> {
 
 /// `name [=====>     ]  45% 1.2 MiB/2.6 MiB 3.1 MiB/s`
 fn bar_line(name: &str, done: u64, total: Option<u64>, rate: u64) -> String {
+    let name = short_name(name);
     match total {
         Some(total) if total > 0 => {
             let filled = (done.min(total) as f64 / total as f64 * BAR_WIDTH as f64) as usize;
@@ -204,6 +217,16 @@ fn bar_line(name: &str, done: u64, total: Option<u64>, rate: u64) -> String {
         }
         _ => format!("{name} {} {}/s", human(done), human(rate)),
     }
+}
+
+/// `name`, or its last characters after `…` when longer than [`BAR_NAME`].
+fn short_name(name: &str) -> String {
+    let count = name.chars().count();
+    if count <= BAR_NAME {
+        return name.to_owned();
+    }
+    let tail: String = name.chars().skip(count - (BAR_NAME - 1)).collect();
+    format!("…{tail}")
 }
 
 /// Whole percent of `done` in `total`, 0..=100.
@@ -322,10 +345,39 @@ mod tests {
         let half = bar_line("f", 50, Some(100), 0);
         assert_eq!(
             half,
-            format!("f [{:<30}]  50% 50 B/100 B 0 B/s", format!("{}>", "=".repeat(15)))
+            format!("f [{:<12}]  50% 50 B/100 B 0 B/s", format!("{}>", "=".repeat(6)))
         );
         let full = bar_line("f", 100, Some(100), 0);
-        assert!(full.contains(&format!("[{}]", "=".repeat(30))), "{full}");
+        assert!(full.contains(&format!("[{}]", "=".repeat(12))), "{full}");
+    }
+
+    #[test]
+    fn bar_lines_fit_80_columns() {
+        let worst = bar_line(
+            "multilingual/tokenizer/tokenizer_config.json",
+            1023 << 20,
+            Some(1023 << 30),
+            1023 << 20,
+        );
+        assert!(worst.starts_with("…kenizer_config.json ["), "{worst}");
+        assert!(
+            worst.chars().count() <= 80,
+            "{} columns: {worst}",
+            worst.chars().count()
+        );
+    }
+
+    #[test]
+    fn a_shorter_redraw_blanks_the_rest_of_the_line() {
+        let out = Captured::default();
+        let mut progress = Progress::to_writer(ProgressStyle::Bar, true, Box::new(out.clone()));
+        let mut file = progress.file("f", None, 0);
+        file.drawn_width = 40;
+        file.draw(1, "");
+        let text = out.text();
+        let line = text.trim_start_matches('\r');
+        assert_eq!(line.chars().count(), 40, "{text:?}");
+        assert!(line.ends_with(' '));
     }
 
     #[test]
@@ -338,6 +390,29 @@ mod tests {
             out.text()
                 .starts_with("model.safetensors: resuming at 3.0 MiB of 10.0 MiB\n")
         );
+    }
+
+    #[test]
+    fn log_style_emits_the_lines_as_tracing_events() {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let direct = Captured::default();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut progress = Progress::to_writer(ProgressStyle::Log, false, Box::new(direct.clone()));
+            progress.note("fetching english");
+            progress.file("model.safetensors", Some(2 << 20), 0).finish(2 << 20);
+        });
+        assert_eq!(direct.text(), "", "nothing bypasses the log");
+        let text = log.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].contains("INFO layad_hub: fetching english"), "{text}");
+        assert!(lines[1].ends_with("model.safetensors: downloading 2.0 MiB"), "{text}");
+        assert!(lines[2].contains("model.safetensors: 2.0 MiB in "), "{text}");
     }
 
     #[test]

@@ -476,3 +476,55 @@ async fn two_concurrent_fetches_download_each_blob_once() {
     assert_eq!(cdn_gets(&hub, "model.safetensors").len(), 1);
     Checkpoint::open(a[0].location.clone()).expect("opens");
 }
+
+#[tokio::test]
+async fn ensure_cached_fetches_only_what_is_missing() {
+    let hub = MockHub::start(Setup::default()).await;
+    let cache = tempfile::tempdir().expect("tempdir");
+    let options = options(&hub, cache.path());
+    fetch(&[CheckpointName::English], &options).await.expect("english");
+    hub.forget();
+
+    let both = layad_hub::ensure_cached(&[CheckpointName::Multilingual, CheckpointName::English], &options)
+        .await
+        .expect("ensure");
+    let names: Vec<CheckpointName> = both.iter().map(|c| c.name).collect();
+    assert_eq!(names, [CheckpointName::Multilingual, CheckpointName::English]);
+    assert!(both[1].files.iter().all(|f| f.state == FileState::InSnapshot));
+    assert!(matches!(both[0].files[1].state, FileState::Downloaded { .. }));
+    let english_requests: Vec<_> = hub
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.contains("/resolve/") && !s.path.contains("/multilingual/"))
+        .collect();
+    assert!(english_requests.is_empty(), "{english_requests:?}");
+
+    // Everything cached: not a single request, not even the revision lookup.
+    hub.forget();
+    layad_hub::ensure_cached(&CheckpointName::ALL[..2], &options)
+        .await
+        .expect("cached");
+    assert!(hub.seen().is_empty(), "{:?}", hub.seen());
+
+    // A snapshot missing one file counts as missing and is completed.
+    let tokenizer = repo_dir(cache.path())
+        .join("snapshots")
+        .join(&hub.commit)
+        .join("tokenizer/tokenizer_config.json");
+    std::fs::remove_file(&tokenizer).expect("remove");
+    let repaired = layad_hub::ensure_cached(&[CheckpointName::English], &options)
+        .await
+        .expect("repair");
+    assert_eq!(
+        state_of(&repaired, "tokenizer/tokenizer_config.json"),
+        FileState::BlobReused
+    );
+    assert!(tokenizer.is_file());
+
+    let mut offline = options.clone();
+    offline.offline = true;
+    let err = layad_hub::ensure_cached(&[CheckpointName::TypedDecisions], &offline)
+        .await
+        .expect_err("typed-decisions is not cached");
+    assert!(err.to_string().contains("typed-decisions"), "{err}");
+}

@@ -2,7 +2,6 @@
 //! token rows, validation messages, answers and whole response bodies, plus laya-apple's real goldens.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
@@ -10,24 +9,13 @@ use laya::prompt::Row;
 use laya::python_text::{Separators, py_json};
 use laya::request::{RequestError, parse_body};
 use laya::routing::CheckpointName;
+use layad_system_tests::goldens::{
+    TOLERANCE, compare, deliberate_difference, fixture_json, fixtures_dir, request_body,
+};
 use serde_json::Value;
 
-/// Where upstream's answers and ours may differ: the fourth decimal (spec §5.2, numpy's SIMD
-/// `exp`/`log` are not correctly rounded, ours are).
-const TOLERANCE: f64 = 1e-4;
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
-
-fn read_json(rel: &str) -> Value {
-    let path = fixtures().join(rel);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 fn open_checkpoints() -> HashMap<CheckpointName, Checkpoint> {
-    let cache = fixtures().join("hf-cache/hub");
+    let cache = fixtures_dir().join("hf-cache/hub");
     CheckpointName::ALL
         .into_iter()
         .map(|name| {
@@ -35,64 +23,6 @@ fn open_checkpoints() -> HashMap<CheckpointName, Checkpoint> {
             (name, Checkpoint::open(location).unwrap_or_else(|e| panic!("{e}")))
         })
         .collect()
-}
-
-/// Structural equality with numbers compared within `TOLERANCE`; key order must match.
-fn compare(path: &str, ours: &Value, theirs: &Value, problems: &mut Vec<String>) {
-    match (ours, theirs) {
-        (Value::Number(a), Value::Number(b)) => {
-            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
-            if (a - b).abs() > TOLERANCE + 1e-12 {
-                problems.push(format!("{path}: {a} vs upstream {b}"));
-            }
-        }
-        (Value::Object(a), Value::Object(b)) => {
-            let (ka, kb): (Vec<_>, Vec<_>) = (a.keys().collect(), b.keys().collect());
-            if ka != kb {
-                problems.push(format!("{path}: keys {ka:?} vs upstream {kb:?}"));
-                return;
-            }
-            for (k, v) in a {
-                compare(&format!("{path}.{k}"), v, &b[k], problems);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                compare(&format!("{path}[{i}]"), x, y, problems);
-            }
-        }
-        _ if ours == theirs => {}
-        _ => problems.push(format!("{path}: {ours} vs upstream {theirs}")),
-    }
-}
-
-/// Where layad answers a client mistake differently from upstream on purpose (README, "Deliberate
-/// differences"): upstream's 500s for input it cannot handle, and JSON that is not JSON.
-fn deliberate_difference(name: &str) -> Option<(u16, &'static str)> {
-    const INVALID_JSON: &str = "request body must be valid JSON";
-    Some(match name {
-        // NaN / Infinity literals and lone surrogate escapes are not JSON (RFC 8259).
-        "state_nan_infinity_accepted" | "ok_infinity_in_choice_description" | "e500_plain_text_nan_in_score_legend" => {
-            (400, INVALID_JSON)
-        }
-        "e500_lone_surrogate_state" | "e500_lone_surrogate_in_option" => (400, INVALID_JSON),
-        // A list or object as `type` is a 500 upstream (unhashable); ours names the problem.
-        "e500_type_list_unhashable" => (
-            422,
-            "question 'q': unknown type ['choice']; use one of ['choice', 'noul', 'score']",
-        ),
-        "e500_type_object_unhashable" => (
-            422,
-            "question 'q': unknown type {'t': 'noul'}; use one of ['choice', 'noul', 'score']",
-        ),
-        // Non-string list-form labels are a 500 upstream (TypeError while rendering).
-        "e500_numeric_list_labels"
-        | "e500_null_list_label"
-        | "e500_object_list_label"
-        | "e500_list_list_label_unhashable"
-        | "e500_bool_list_label" => (422, ""),
-        _ => return None,
-    })
 }
 
 fn act_probability(action_logits: &Value) -> f32 {
@@ -148,7 +78,7 @@ fn run_case(
 #[test]
 fn rows_answers_and_responses_match_upstream() {
     let checkpoints = open_checkpoints();
-    let golden = read_json("goldens/cases.json");
+    let golden = fixture_json("goldens/cases.json");
     let cases = golden["cases"].as_array().expect("cases");
     assert!(cases.len() >= 60, "the fixtures must cover at least 60 requests");
     let (mut failures, mut byte_identical, mut rows_checked) = (Vec::new(), 0, 0);
@@ -204,7 +134,7 @@ fn rows_answers_and_responses_match_upstream() {
                 }
                 let upstream: Value = serde_json::from_str(response).expect("upstream body is JSON");
                 let mut problems = Vec::new();
-                compare("$", &body, &upstream, &mut problems);
+                compare("$", &body, &upstream, Some(TOLERANCE), &mut problems);
                 if !problems.is_empty() {
                     failures.push(format!("{name}: {}", problems.join("; ")));
                 }
@@ -224,20 +154,9 @@ fn rows_answers_and_responses_match_upstream() {
     );
 }
 
-/// The exact bytes of a recorded bad request: base64, or a described repetition for big bodies.
-fn request_body(request: &Value) -> Vec<u8> {
-    if let Some(b64) = request["body_base64"].as_str() {
-        return base64_decode(b64);
-    }
-    let d = &request["body_description"];
-    let text = |k: &str| d[k].as_str().expect("described body");
-    let times = d["times"].as_u64().expect("times") as usize;
-    format!("{}{}{}", text("prefix"), text("repeat").repeat(times), text("suffix")).into_bytes()
-}
-
 #[test]
 fn http_body_checks_match_upstream() {
-    let golden = read_json("goldens/bad_requests.json");
+    let golden = fixture_json("goldens/bad_requests.json");
     let (mut rejected, mut accepted) = (0, 0);
     let mut failures = Vec::new();
     for request in golden["requests"].as_array().expect("requests") {
@@ -259,17 +178,13 @@ fn http_body_checks_match_upstream() {
         let status = request["status"].as_u64().expect("status") as u16;
         let upstream: Value =
             serde_json::from_str(request["response"].as_str().expect("response")).unwrap_or(Value::Null);
-        // Not JSON by RFC 8259, so layad says so (upstream accepts them, or fails with a 500).
-        let deliberate = matches!(
-            name,
-            "nan_infinity_in_state_accepted" | "lone_surrogate_in_key_accepted" | "deeply_nested_json_recursion_500"
-        );
+        let deliberate = deliberate_difference(name);
         match (parse_body(&body), status) {
-            (Err(e), _) if deliberate && e.status == 400 => rejected += 1,
+            (Err(e), _) if deliberate.is_some_and(|(s, d)| s == e.status && e.detail == d) => rejected += 1,
             (Err(e), 400 | 413) if e.status == status && upstream["detail"].as_str() == Some(e.detail.as_str()) => {
                 rejected += 1
             }
-            (Ok(_), 200) if !deliberate => accepted += 1,
+            (Ok(_), 200) if deliberate.is_none() => accepted += 1,
             (Err(e), _) => failures.push(format!(
                 "{name}: we answer {} {:?}, upstream {status} {upstream}",
                 e.status, e.detail
@@ -287,25 +202,9 @@ fn http_body_checks_match_upstream() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-fn base64_decode(text: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let v = ALPHABET.iter().position(|a| *a == c).expect("base64 digit") as u32;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
-}
-
 #[test]
 fn tokenizer_ids_match_python_tokenizers() {
-    let golden = read_json("goldens/tokenizer.json");
+    let golden = fixture_json("goldens/tokenizer.json");
     let checkpoints = open_checkpoints();
     let mut checked = 0;
     for (name, checkpoint) in [
@@ -329,11 +228,11 @@ fn tokenizer_ids_match_python_tokenizers() {
 fn real_checkpoint_answers_match_laya_apple_goldens() {
     use laya::config::Temperatures;
     use laya::question::parse_questions;
-    let fitted = read_json("laya-apple/temperatures.json");
+    let fitted = fixture_json("laya-apple/temperatures.json");
     let mut checked = 0;
     let mut failures = Vec::new();
     for file in ["laya", "laya-multilingual", "laya-typed-decisions"] {
-        let golden = read_json(&format!("laya-apple/{file}.json"));
+        let golden = fixture_json(&format!("laya-apple/{file}.json"));
         let by_options = fitted[file]
             .as_object()
             .expect("fitted temperatures")
@@ -365,6 +264,7 @@ fn real_checkpoint_answers_match_laya_apple_goldens() {
                     &format!("{file}/{name}/{}", question.id),
                     &ours,
                     &answers[&question.id],
+                    Some(TOLERANCE),
                     &mut problems,
                 );
                 failures.extend(problems);

@@ -84,28 +84,33 @@ impl ClientError {
 impl From<Status> for ClientError {
     fn from(status: Status) -> Self {
         let message = status.message().to_owned();
+        // A connection that breaks mid-call (the worker died) surfaces as UNKNOWN or CANCELLED
+        // carrying the transport error as its source.
+        let lost = match status.code() {
+            Code::Unknown | Code::Cancelled => transport_failure(&status),
+            _ => None,
+        };
+        if let Some(cause) = lost {
+            return ClientError::Unavailable(format!("connection to the worker lost: {}", error_chain(cause)));
+        }
         match status.code() {
             Code::InvalidArgument => ClientError::InvalidArgument(message),
             Code::Unavailable => ClientError::Unavailable(message),
-            // A connection that breaks mid-call (the worker died) surfaces as UNKNOWN or CANCELLED
-            // carrying the transport error as its source.
-            Code::Unknown | Code::Cancelled if is_transport_failure(&status) => {
-                ClientError::Unavailable(error_chain(&status))
-            }
             code => ClientError::Worker { code, message },
         }
     }
 }
 
-fn is_transport_failure(status: &Status) -> bool {
+/// The transport error behind `status`, if the call failed because the connection broke.
+fn transport_failure(status: &Status) -> Option<&(dyn std::error::Error + 'static)> {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
         if error.is::<tonic::transport::Error>() || error.is::<std::io::Error>() {
-            return true;
+            return Some(error);
         }
         source = error.source();
     }
-    false
+    None
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -8,17 +8,18 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http_support::{Framing, Request, TestServer, read_json, send};
+use http_support::{Framing, Request, TestServer, send};
 use laya::routing::CheckpointName;
 use layad::backend::BackendError;
 use layad_config::ApiKey;
+use layad_system_tests::goldens::fixture_json;
 use serde_json::Value;
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 
 /// A golden request of at least 1 KiB (the size from which Jev SDKs compress) and its answer.
 fn large_golden_case() -> (Vec<u8>, String) {
-    let golden = read_json("goldens/cases.json");
+    let golden = fixture_json("goldens/cases.json");
     let case = golden["cases"]
         .as_array()
         .expect("cases")

@@ -6,37 +6,10 @@ mod http_support;
 
 use std::sync::atomic::Ordering;
 
-use http_support::{Framing, Numbers, Request, Response, TestServer, base64_decode, compare, read_json, send};
+use http_support::{Framing, Request, Response, TestServer, send};
 use layad_config::ApiKey;
+use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, fixture_json, request_body};
 use serde_json::Value;
-
-/// cases.json entries layad answers differently on purpose (the same list as
-/// `laya/tests/goldens.rs::deliberate_difference`; README "Deliberate differences"): status and,
-/// when not empty, detail.
-fn deliberate_case(name: &str) -> Option<(u16, &'static str)> {
-    const INVALID_JSON: &str = "request body must be valid JSON";
-    Some(match name {
-        "state_nan_infinity_accepted"
-        | "ok_infinity_in_choice_description"
-        | "e500_plain_text_nan_in_score_legend"
-        | "e500_lone_surrogate_state"
-        | "e500_lone_surrogate_in_option" => (400, INVALID_JSON),
-        "e500_type_list_unhashable" => (
-            422,
-            "question 'q': unknown type ['choice']; use one of ['choice', 'noul', 'score']",
-        ),
-        "e500_type_object_unhashable" => (
-            422,
-            "question 'q': unknown type {'t': 'noul'}; use one of ['choice', 'noul', 'score']",
-        ),
-        "e500_numeric_list_labels"
-        | "e500_null_list_label"
-        | "e500_object_list_label"
-        | "e500_list_list_label_unhashable"
-        | "e500_bool_list_label" => (422, ""),
-        _ => return None,
-    })
-}
 
 /// Every answer carries the request id and timing headers, and JSON bodies say so.
 fn check_common_headers(name: &str, response: &Response, failures: &mut Vec<String>) {
@@ -57,7 +30,7 @@ fn check_common_headers(name: &str, response: &Response, failures: &mut Vec<Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_golden_case_is_answered_like_upstream() {
     let server = TestServer::start(|_| {}).await;
-    let golden = read_json("goldens/cases.json");
+    let golden = fixture_json("goldens/cases.json");
     let cases = golden["cases"].as_array().expect("cases");
     let (mut failures, mut byte_identical, mut answered, mut deliberate) = (Vec::new(), 0, 0, 0);
     let (mut prepare_ms, mut total_ms) = (Vec::new(), Vec::new());
@@ -78,7 +51,7 @@ async fn every_golden_case_is_answered_like_upstream() {
             prepare_ms.push(prepare);
             total_ms.push(total);
         }
-        if let Some((want_status, want_detail)) = deliberate_case(name) {
+        if let Some((want_status, want_detail)) = deliberate_difference(name) {
             deliberate += 1;
             if response.status != want_status || (!want_detail.is_empty() && response.detail() != want_detail) {
                 failures.push(format!(
@@ -104,13 +77,7 @@ async fn every_golden_case_is_answered_like_upstream() {
         }
         let upstream: Value = serde_json::from_str(expected).expect("upstream body is JSON");
         let mut problems = Vec::new();
-        compare(
-            "$",
-            &response.json(),
-            &upstream,
-            Numbers::WithinTolerance,
-            &mut problems,
-        );
+        compare("$", &response.json(), &upstream, Some(TOLERANCE), &mut problems);
         if !problems.is_empty() {
             failures.push(format!("{name}: {}", problems.join("; ")));
         }
@@ -151,17 +118,6 @@ fn timing(response: &Response, phase: &str) -> Option<f64> {
         .find_map(|entry| entry.strip_prefix(phase)?.strip_prefix(";dur=")?.parse().ok())
 }
 
-/// The exact body bytes of a recorded bad request.
-fn request_body(request: &Value) -> Vec<u8> {
-    if let Some(b64) = request["body_base64"].as_str() {
-        return base64_decode(b64);
-    }
-    let d = &request["body_description"];
-    let text = |k: &str| d[k].as_str().expect("described body");
-    let times = d["times"].as_u64().expect("times") as usize;
-    format!("{}{}{}", text("prefix"), text("repeat").repeat(times), text("suffix")).into_bytes()
-}
-
 /// What layad answers instead of upstream, on purpose (docs/http-api.md).
 enum Expect {
     /// Upstream's status and body.
@@ -196,7 +152,7 @@ fn deliberate_bad_request(name: &str) -> Expect {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_golden_bad_request_is_answered_like_upstream() {
-    let golden = read_json("goldens/bad_requests.json");
+    let golden = fixture_json("goldens/bad_requests.json");
     let key = golden["api_key"].as_str().expect("api_key").to_owned();
     let main = TestServer::start(|_| {}).await;
     let auth = TestServer::start(|c| c.api_key = Some(ApiKey::new(key))).await;
@@ -282,9 +238,9 @@ async fn every_golden_bad_request_is_answered_like_upstream() {
                 let mut problems = Vec::new();
                 // Rows upstream never recorded logits for are answered with zeros: compare the rest.
                 let numbers = if server.backend.misses.load(Ordering::SeqCst) > misses_before {
-                    Numbers::Any
+                    None
                 } else {
-                    Numbers::WithinTolerance
+                    Some(TOLERANCE)
                 };
                 compare("$", &response.json(), &upstream, numbers, &mut problems);
                 if !problems.is_empty() {

@@ -9,13 +9,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use http_support::{Request, fixtures, send};
+use http_support::{Request, send};
 
 fn layad() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_layad"));
     // Only the fixture cache, whatever the environment running the tests holds.
     command
-        .env("HF_HOME", fixtures().join("hf-cache"))
+        .env("HF_HOME", layad_system_tests::goldens::fixtures_dir().join("hf-cache"))
         .env_remove("HF_HUB_CACHE")
         .env_remove("LAYA_API_KEY")
         .env_remove("LAYAD_CONFIG");

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod goldens;
+
+pub use goldens::{deliberate_difference, fixture_json, json_differences};
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -22,25 +26,17 @@ pub fn fixture_hf_home() -> PathBuf {
     repo_root().join("tests/fixtures/hf-cache")
 }
 
-/// Reads a JSON fixture under `tests/fixtures/`.
-pub fn fixture_json(rel: &str) -> serde_json::Value {
-    let path = repo_root().join("tests/fixtures").join(rel);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 /// The directory holding `layad` and the worker binaries of the profile these tests were built with,
 /// building them first if `cargo test` did not (e.g. `cargo test -p layad-system-tests`).
 pub fn bin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        // target/<profile>/deps/<test binary>
-        let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>")
-            .to_path_buf();
+        // Tests run from target/<profile>/deps/, the benchmark binary from target/<profile>/.
+        let exe = std::env::current_exe().expect("executable path");
+        let mut dir = exe.parent().expect("target/<profile>").to_path_buf();
+        if dir.file_name().is_some_and(|n| n == "deps") {
+            dir.pop();
+        }
         let missing = ["layad", "layad-worker-gpu"].iter().any(|b| !dir.join(b).is_file());
         if missing {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -120,10 +116,8 @@ impl Server {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("layad exited with {status} before it was ready:\n{}", self.log());
             }
-            if let Ok(r) = get(self.addr, "/readyz").await {
-                if r.status == 200 {
-                    return;
-                }
+            if get(self.addr, "/readyz").await.is_ok_and(|r| r.status == 200) {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -261,75 +255,4 @@ fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(data.get(..size)?);
         data = data.get(size + 2..)?;
     }
-}
-
-/// Where two JSON values differ: structure and key order exactly, numbers within `tolerance`.
-pub fn json_differences(ours: &serde_json::Value, theirs: &serde_json::Value, tolerance: f64) -> Vec<String> {
-    fn walk(path: &str, ours: &serde_json::Value, theirs: &serde_json::Value, tolerance: f64, out: &mut Vec<String>) {
-        use serde_json::Value;
-        match (ours, theirs) {
-            (Value::Number(a), Value::Number(b)) => {
-                let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
-                if (a - b).abs() > tolerance + 1e-12 {
-                    out.push(format!("{path}: {a} vs upstream {b}"));
-                }
-            }
-            (Value::Object(a), Value::Object(b)) => {
-                if !a.keys().eq(b.keys()) {
-                    out.push(format!(
-                        "{path}: keys {:?} vs upstream {:?}",
-                        a.keys().collect::<Vec<_>>(),
-                        b.keys().collect::<Vec<_>>()
-                    ));
-                    return;
-                }
-                for (k, v) in a {
-                    walk(&format!("{path}.{k}"), v, &b[k], tolerance, out);
-                }
-            }
-            (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-                for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    walk(&format!("{path}[{i}]"), x, y, tolerance, out);
-                }
-            }
-            _ if ours == theirs => {}
-            _ => out.push(format!("{path}: {ours} vs upstream {theirs}")),
-        }
-    }
-    let mut out = Vec::new();
-    walk("$", ours, theirs, tolerance, &mut out);
-    out
-}
-
-/// Golden cases where layad answers a client mistake differently from upstream 0.3.20 on purpose
-/// (README, "Deliberate differences"): our status, and our `detail` when it is fixed text ("" = any).
-pub fn deliberate_difference(case: &str) -> Option<(u16, &'static str)> {
-    const INVALID_JSON: &str = "request body must be valid JSON";
-    Some(match case {
-        // NaN / Infinity literals and lone surrogate escapes are not JSON (RFC 8259).
-        "state_nan_infinity_accepted"
-        | "ok_infinity_in_choice_description"
-        | "e500_plain_text_nan_in_score_legend"
-        | "e500_lone_surrogate_state"
-        | "e500_lone_surrogate_in_option"
-        | "nan_infinity_in_state_accepted"
-        | "lone_surrogate_in_key_accepted"
-        | "deeply_nested_json_recursion_500" => (400, INVALID_JSON),
-        // A list or object as `type` is a 500 upstream (unhashable); ours names the problem.
-        "e500_type_list_unhashable" => (
-            422,
-            "question 'q': unknown type ['choice']; use one of ['choice', 'noul', 'score']",
-        ),
-        "e500_type_object_unhashable" => (
-            422,
-            "question 'q': unknown type {'t': 'noul'}; use one of ['choice', 'noul', 'score']",
-        ),
-        // Non-string list-form labels are a 500 upstream (TypeError while rendering).
-        "e500_numeric_list_labels"
-        | "e500_null_list_label"
-        | "e500_object_list_label"
-        | "e500_list_list_label_unhashable"
-        | "e500_bool_list_label" => (422, ""),
-        _ => return None,
-    })
 }

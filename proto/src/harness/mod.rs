@@ -137,7 +137,11 @@ where
     E: Engine,
     L: FnOnce() -> Result<E, LoadError> + Send + 'static,
 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        // Forwards run on the engine thread; the runtime only moves bytes, so two threads leave the
+        // cores to the engine.
+        .worker_threads(2)
+        .thread_name("worker-rpc")
         .enable_all()
         .build()
         .map_err(HarnessError::Runtime)?;

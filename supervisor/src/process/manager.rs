@@ -125,14 +125,12 @@ pub fn start(settings: Arc<ManagerSettings>, pools: &[Arc<Pool>], stop: Cancella
 /// Polls the socket until the worker answers Describe as ready.
 async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo) {
     loop {
-        if socket.exists() {
-            if let Ok(client) = WorkerClient::connect_uds(socket).await {
-                if let Ok(info) = client.describe().await {
-                    if info.state() == pb::WorkerState::Ready {
-                        return (client, info);
-                    }
-                }
-            }
+        if socket.exists()
+            && let Ok(client) = WorkerClient::connect_uds(socket).await
+            && let Ok(info) = client.describe().await
+            && info.state() == pb::WorkerState::Ready
+        {
+            return (client, info);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -18,25 +17,13 @@ use layad::backend::{
 };
 use layad::decide::Checkpoints;
 use layad_config::Config;
+use layad_system_tests::goldens::{fixture_json, fixtures_dir};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Upstream's answers and ours may differ in the fourth decimal (spec §5.2).
-pub const TOLERANCE: f64 = 1e-4;
-
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"))
-}
-
-pub fn read_json(rel: &str) -> Value {
-    let path = fixtures().join(rel);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 fn open_fixture_checkpoints(names: impl Iterator<Item = CheckpointName>) -> Arc<Checkpoints> {
-    let cache = fixtures().join("hf-cache/hub");
+    let cache = fixtures_dir().join("hf-cache/hub");
     let opened = names
         .map(|name| {
             let location = find_in_hf_cache(&cache, name).unwrap_or_else(|e| panic!("{e}"));
@@ -82,7 +69,7 @@ pub struct GoldenBackend {
 
 impl GoldenBackend {
     pub fn new() -> Self {
-        let golden = read_json("goldens/cases.json");
+        let golden = fixture_json("goldens/cases.json");
         let mut rows = HashMap::new();
         for case in golden["cases"].as_array().expect("cases") {
             let Some(checkpoint) = case["checkpoint"].as_str().and_then(CheckpointName::from_name_or_alias) else {
@@ -444,59 +431,4 @@ async fn read_response(reader: &mut (impl AsyncReadExt + Unpin)) -> Response {
         }
     }
     Response { status, headers, body }
-}
-
-/// How two numbers must agree in [`compare`].
-#[derive(Clone, Copy, Debug)]
-pub enum Numbers {
-    /// Within [`TOLERANCE`].
-    WithinTolerance,
-    /// Any two numbers match: for answers computed from logits upstream did not record.
-    Any,
-}
-
-/// Structural equality, key order included, with numbers compared as `numbers` says.
-pub fn compare(path: &str, ours: &Value, theirs: &Value, numbers: Numbers, problems: &mut Vec<String>) {
-    match (ours, theirs) {
-        (Value::Number(a), Value::Number(b)) => {
-            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
-            if matches!(numbers, Numbers::WithinTolerance) && (a - b).abs() > TOLERANCE + 1e-12 {
-                problems.push(format!("{path}: {a} vs upstream {b}"));
-            }
-        }
-        (Value::Object(a), Value::Object(b)) => {
-            let (ka, kb): (Vec<_>, Vec<_>) = (a.keys().collect(), b.keys().collect());
-            if ka != kb {
-                problems.push(format!("{path}: keys {ka:?} vs upstream {kb:?}"));
-                return;
-            }
-            for (k, v) in a {
-                compare(&format!("{path}.{k}"), v, &b[k], numbers, problems);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                compare(&format!("{path}[{i}]"), x, y, numbers, problems);
-            }
-        }
-        _ if ours == theirs => {}
-        _ => problems.push(format!("{path}: {ours} vs upstream {theirs}")),
-    }
-}
-
-/// Standard base64 (the fixtures' `body_base64`).
-pub fn base64_decode(text: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let v = ALPHABET.iter().position(|a| *a == c).expect("base64 digit") as u32;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
 }

@@ -63,6 +63,9 @@ struct Args {
     /// Fixture Hugging Face cache lending tokenizers and config templates.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
+    /// Where the JSON result goes (default: `<out-dir>/model_forward.json`).
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// The timed forwards of one engine on one model and shape.
@@ -295,7 +298,10 @@ fn run(args: &Args) -> Result<(), String> {
         "cells": json_cells,
         "parity_f32_vs_upstream": parity,
     });
-    let path = args.out_dir.join("model_forward.json");
+    let path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| args.out_dir.join("model_forward.json"));
     let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!("wrote {}", path.display());

@@ -1,0 +1,123 @@
+//! The upstream goldens as tests read them: fixture paths, request bodies (base64 or described),
+//! JSON comparison with a number tolerance, and the cases layad answers differently on purpose.
+//!
+//! Shared by the crate tests of `layad-laya` and `layad` and by the whole-system tests here.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+/// Where upstream's answers and ours may differ: the fourth decimal (spec §5.2; numpy's SIMD
+/// `exp`/`log` are not correctly rounded, ours are).
+pub const TOLERANCE: f64 = 1e-4;
+
+/// `tests/fixtures/`.
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures"))
+}
+
+/// Reads a JSON fixture under `tests/fixtures/`.
+pub fn fixture_json(rel: &str) -> Value {
+    let path = fixtures_dir().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Structural equality, key order included; numbers must agree within `tolerance` (any two
+/// numbers match with `None`, for answers computed from logits upstream did not record).
+pub fn compare(path: &str, ours: &Value, theirs: &Value, tolerance: Option<f64>, problems: &mut Vec<String>) {
+    match (ours, theirs) {
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
+            if tolerance.is_some_and(|t| (a - b).abs() > t + 1e-12) {
+                problems.push(format!("{path}: {a} vs upstream {b}"));
+            }
+        }
+        (Value::Object(a), Value::Object(b)) => {
+            if !a.keys().eq(b.keys()) {
+                let (ka, kb): (Vec<_>, Vec<_>) = (a.keys().collect(), b.keys().collect());
+                problems.push(format!("{path}: keys {ka:?} vs upstream {kb:?}"));
+                return;
+            }
+            for (k, v) in a {
+                compare(&format!("{path}.{k}"), v, &b[k], tolerance, problems);
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                compare(&format!("{path}[{i}]"), x, y, tolerance, problems);
+            }
+        }
+        _ if ours == theirs => {}
+        _ => problems.push(format!("{path}: {ours} vs upstream {theirs}")),
+    }
+}
+
+/// [`compare`] with [`TOLERANCE`], returning the differences.
+pub fn json_differences(ours: &Value, theirs: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    compare("$", ours, theirs, Some(TOLERANCE), &mut problems);
+    problems
+}
+
+/// Standard base64 (the fixtures' `body_base64`).
+pub fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes().filter(|c| *c != b'=') {
+        let v = ALPHABET.iter().position(|a| *a == c).expect("base64 digit") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// The exact bytes of a recorded bad request: base64, or a described repetition for big bodies.
+pub fn request_body(request: &Value) -> Vec<u8> {
+    if let Some(b64) = request["body_base64"].as_str() {
+        return base64_decode(b64);
+    }
+    let d = &request["body_description"];
+    let text = |k: &str| d[k].as_str().expect("described body");
+    let times = d["times"].as_u64().expect("times") as usize;
+    format!("{}{}{}", text("prefix"), text("repeat").repeat(times), text("suffix")).into_bytes()
+}
+
+/// Golden cases (of `cases.json` and `bad_requests.json`) where layad answers a client mistake
+/// differently from upstream 0.3.20 on purpose (README, "Deliberate differences"): our status, and
+/// our `detail` when it is fixed text (`""` = any).
+pub fn deliberate_difference(case: &str) -> Option<(u16, &'static str)> {
+    const INVALID_JSON: &str = "request body must be valid JSON";
+    Some(match case {
+        // NaN / Infinity literals, lone surrogate escapes and very deep nesting are not accepted JSON.
+        "state_nan_infinity_accepted"
+        | "ok_infinity_in_choice_description"
+        | "e500_plain_text_nan_in_score_legend"
+        | "e500_lone_surrogate_state"
+        | "e500_lone_surrogate_in_option"
+        | "nan_infinity_in_state_accepted"
+        | "lone_surrogate_in_key_accepted"
+        | "deeply_nested_json_recursion_500" => (400, INVALID_JSON),
+        // A list or object as `type` is a 500 upstream (unhashable); ours names the problem.
+        "e500_type_list_unhashable" => (
+            422,
+            "question 'q': unknown type ['choice']; use one of ['choice', 'noul', 'score']",
+        ),
+        "e500_type_object_unhashable" => (
+            422,
+            "question 'q': unknown type {'t': 'noul'}; use one of ['choice', 'noul', 'score']",
+        ),
+        // Non-string list-form labels are a 500 upstream (TypeError while rendering).
+        "e500_numeric_list_labels"
+        | "e500_null_list_label"
+        | "e500_object_list_label"
+        | "e500_list_list_label_unhashable"
+        | "e500_bool_list_label" => (422, ""),
+        _ => return None,
+    })
+}
