@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use reqwest::header::{CONTENT_LENGTH, ETAG, HeaderMap, RANGE};
 use reqwest::redirect::Policy;
-use reqwest::{Client, Response, Url};
+use reqwest::{Certificate, Client, Response, Url};
 use serde::Deserialize;
 
 use crate::error::FetchError;
@@ -86,15 +86,21 @@ impl Hub {
                 attempt.stop()
             }
         });
+        let extra_roots = match &options.ca_bundle {
+            Some(path) => read_roots(path)?,
+            None => Vec::new(),
+        };
         let build = |policy: Policy| {
-            Client::builder()
+            let mut builder = Client::builder()
                 .user_agent(user_agent)
                 .redirect(policy)
                 .connect_timeout(Duration::from_secs(10))
                 // Per read, not per request: a download of gigabytes may take long, a stall may not.
-                .read_timeout(Duration::from_secs(60))
-                .build()
-                .map_err(|e| FetchError::Client(e.to_string()))
+                .read_timeout(Duration::from_secs(60));
+            for root in &extra_roots {
+                builder = builder.add_root_certificate(root.clone());
+            }
+            builder.build().map_err(|e| FetchError::Client(e.to_string()))
         };
         Ok(Self {
             endpoint,
@@ -210,6 +216,19 @@ impl Hub {
         }
         request.send().await.map_err(|e| FetchError::transport(url.as_str(), e))
     }
+}
+
+/// The certificates of a PEM bundle.
+fn read_roots(path: &std::path::Path) -> Result<Vec<Certificate>, FetchError> {
+    let pem = std::fs::read(path).map_err(FetchError::io(path))?;
+    let roots = Certificate::from_pem_bundle(&pem).unwrap_or_default();
+    if roots.is_empty() {
+        return Err(FetchError::Client(format!(
+            "{} (a CA bundle from REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE or SSL_CERT_FILE) holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(roots)
 }
 
 /// The response if its status is a success, else the status error.
@@ -336,6 +355,7 @@ mod tests {
             cache_dir: "/c".into(),
             progress: crate::options::ProgressStyle::Silent,
             retries: 0,
+            ca_bundle: None,
         };
         let hub = Hub::new(&options).expect("hub");
         assert_eq!(
@@ -351,6 +371,17 @@ mod tests {
             hub.resolve_url("o/r", "refs/pr/1", "a b.json").as_str(),
             "https://hub.example/mirror/o/r/resolve/refs%2Fpr%2F1/a%20b.json"
         );
+    }
+
+    #[test]
+    fn a_ca_bundle_without_certificates_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bundle = dir.path().join("ca.pem");
+        std::fs::write(&bundle, "not a certificate\n").expect("write");
+        let err = read_roots(&bundle).expect_err("no certificate");
+        assert!(err.to_string().contains("ca.pem"), "{err}");
+        let err = read_roots(&dir.path().join("absent.pem")).expect_err("no file");
+        assert!(matches!(err, FetchError::Io { .. }), "{err:?}");
     }
 
     #[test]

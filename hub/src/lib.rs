@@ -15,7 +15,8 @@
 //! certificates compiled in — no system OpenSSL, no cmake — on the hyper/tokio stack the
 //! workspace already builds; and unlike bare hyper it brings redirects (the Hub sends LFS files to
 //! a CDN, and drops `Authorization` when the redirect leaves the Hub's origin) and the
-//! `HTTPS_PROXY`/`NO_PROXY` variables that `huggingface_hub` users rely on.
+//! `HTTPS_PROXY`/`NO_PROXY` variables that `huggingface_hub` users rely on. A proxy that inspects
+//! TLS is trusted through the CA bundle variables `requests` reads (see [`FetchOptions::ca_bundle`]).
 
 mod api;
 mod cache;

@@ -39,6 +39,10 @@ pub struct FetchOptions {
     /// How many times an interrupted download or a failed request is retried (resuming with
     /// `Range`) before the fetch gives up.
     pub retries: u32,
+    /// A PEM file of root certificates trusted besides the built-in Mozilla roots (a proxy that
+    /// inspects TLS): `REQUESTS_CA_BUNDLE`, else `CURL_CA_BUNDLE` (as huggingface_hub's `requests`
+    /// reads them), else `SSL_CERT_FILE`.
+    pub ca_bundle: Option<PathBuf>,
 }
 
 impl FetchOptions {
@@ -71,6 +75,10 @@ impl FetchOptions {
         // huggingface_hub's `_is_true`: 1, ON, YES, TRUE in any case.
         let offline = set("HF_HUB_OFFLINE")
             .is_some_and(|v| matches!(v.trim().to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE"));
+        let ca_bundle = ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"]
+            .into_iter()
+            .find_map(&set)
+            .map(PathBuf::from);
         Ok(Self {
             endpoint,
             token,
@@ -78,6 +86,7 @@ impl FetchOptions {
             cache_dir,
             progress: ProgressStyle::Auto,
             retries: 5,
+            ca_bundle,
         })
     }
 }
@@ -144,6 +153,17 @@ mod tests {
                 "{value}"
             );
         }
+    }
+
+    #[test]
+    fn extra_roots_come_from_the_ca_bundle_variables_in_requests_order() {
+        assert_eq!(options(&[]).expect("options").ca_bundle, None);
+        let o = options(&[("SSL_CERT_FILE", "/ssl.pem"), ("CURL_CA_BUNDLE", "/curl.pem")]).expect("options");
+        assert_eq!(o.ca_bundle, Some(PathBuf::from("/curl.pem")));
+        let o = options(&[("SSL_CERT_FILE", "/ssl.pem"), ("REQUESTS_CA_BUNDLE", "/requests.pem")]).expect("options");
+        assert_eq!(o.ca_bundle, Some(PathBuf::from("/requests.pem")));
+        let o = options(&[("SSL_CERT_FILE", "/ssl.pem")]).expect("options");
+        assert_eq!(o.ca_bundle, Some(PathBuf::from("/ssl.pem")));
     }
 
     #[test]

@@ -22,6 +22,7 @@ fn options(hub: &MockHub, cache: &Path) -> FetchOptions {
         cache_dir: cache.to_path_buf(),
         progress: ProgressStyle::Silent,
         retries: 2,
+        ca_bundle: None,
     }
 }
 

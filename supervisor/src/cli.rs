@@ -1,5 +1,5 @@
-//! The command line: `layad serve [--config FILE] [--listen ADDR]`, `layad check [--config FILE]`
-//! and `layad --version`; each command loads the configuration and reports problems readably.
+//! The command line: `layad serve`, `layad check`, `layad fetch`, `layad service install|uninstall|
+//! status` and `layad --version`; each command loads the configuration and reports problems readably.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use crate::backend::Backend;
 use crate::decide::Checkpoints;
 use crate::error::LayadError;
 use crate::process::Workers;
+use layad_hub::{FetchOptions, ProgressStyle};
 
 /// Serve the Laya typed-decision models behind the Jev-compatible `POST /v1/systemone` API.
 #[derive(Debug, Parser)]
@@ -30,6 +31,47 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate the configuration and open every served checkpoint; exit 0 if all is well, else 1.
     Check(CheckArgs),
+    /// Download checkpoints into the Hugging Face cache (shared with upstream laya).
+    Fetch(FetchArgs),
+    /// Run layad as a launchd (macOS) or systemd (Linux) service.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+}
+
+/// `layad fetch` arguments.
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    /// Checkpoints to download: english, multilingual, typed-decisions (or an alias), or all.
+    #[arg(default_value = "all", value_name = "CHECKPOINT")]
+    pub checkpoints: Vec<String>,
+    /// Use only what is cached; fail naming what is missing (also HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// `layad service` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Write the launchd plist or systemd unit and start the service.
+    Install(ServiceArgs),
+    /// Stop the service and remove its file.
+    Uninstall(ServiceArgs),
+    /// Show what launchd or systemd says about the service.
+    Status(ServiceArgs),
+}
+
+/// Flags shared by the `layad service` subcommands.
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    /// Configuration file the service will use.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A system service (launchd daemon, system unit) instead of the user's.
+    #[arg(long)]
+    pub system: bool,
+    /// Print exactly what would be written and run, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `layad serve` flags.
@@ -41,6 +83,9 @@ pub struct ServeArgs {
     /// Address to listen on, e.g. 127.0.0.1:8642 (overrides server.listen).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Never download a missing checkpoint (also HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// `layad check` flags.
@@ -56,6 +101,79 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Fetch(args) => fetch(args),
+        Command::Service(command) => service(command),
+    }
+}
+
+/// `layad fetch`: downloads into the Hugging Face cache with progress on stderr.
+fn fetch(args: FetchArgs) -> ExitCode {
+    let mut names = Vec::new();
+    for arg in &args.checkpoints {
+        if arg.eq_ignore_ascii_case("all") {
+            names.extend(laya::routing::CheckpointName::ALL);
+        } else if let Some(name) = laya::routing::CheckpointName::from_name_or_alias(arg) {
+            names.push(name);
+        } else {
+            eprintln!("layad fetch: unknown checkpoint {arg:?}; use english, multilingual, typed-decisions or all");
+            return ExitCode::from(2);
+        }
+    }
+    names.dedup();
+    let result = FetchOptions::from_env().and_then(|mut options| {
+        options.offline |= args.offline;
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+        let runtime = runtime.map_err(|e| layad_hub::FetchError::Io {
+            path: options.cache_dir.clone(),
+            source: e,
+        })?;
+        runtime.block_on(layad_hub::fetch(&names, &options))
+    });
+    match result {
+        Ok(fetched) => {
+            for checkpoint in fetched {
+                println!(
+                    "{}: {} ({} bytes downloaded)",
+                    checkpoint.name.as_str(),
+                    checkpoint.location.dir.display(),
+                    checkpoint.transferred_bytes()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("layad fetch: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `layad service install|uninstall|status`.
+fn service(command: ServiceCommand) -> ExitCode {
+    let (ServiceCommand::Install(args) | ServiceCommand::Uninstall(args) | ServiceCommand::Status(args)) = &command;
+    let options = match crate::service::ServiceOptions::from_env(args.config.clone(), args.system, args.dry_run) {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("layad service: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = match command {
+        ServiceCommand::Install(_) => crate::service::install(&options).map(|r| (r.to_string(), true)),
+        ServiceCommand::Uninstall(_) => crate::service::uninstall(&options).map(|r| (r.to_string(), true)),
+        ServiceCommand::Status(_) => {
+            crate::service::status(&options).map(|s| (s.to_string(), s.output.code == Some(0)))
+        }
+    };
+    match outcome {
+        Ok((text, ok)) => {
+            print!("{text}");
+            if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("layad service: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -80,7 +198,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(text) => tracing::info!(config = %text, api_key = config.api_key.is_some(), "configuration"),
         Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
     }
-    match serve_with(config) {
+    match serve_with(config, args.offline) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -90,7 +208,24 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn serve_with(config: Config) -> Result<(), LayadError> {
+fn serve_with(config: Config, offline: bool) -> Result<(), LayadError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(LayadError::Runtime)?;
+    // Checkpoints served from the Hugging Face cache are downloaded first if missing, unless offline.
+    let from_hub: Vec<_> = config
+        .served_checkpoints()
+        .into_iter()
+        .filter(|(_, source)| **source == CheckpointSource::HfCache)
+        .map(|(name, _)| name)
+        .collect();
+    if !from_hub.is_empty() {
+        let mut options = FetchOptions::from_env()?;
+        options.offline |= offline;
+        options.progress = ProgressStyle::Log;
+        runtime.block_on(layad_hub::ensure_cached(&from_hub, &options))?;
+    }
     let checkpoints = Arc::new(Checkpoints::open(&config)?);
     for (name, checkpoint) in checkpoints.iter() {
         tracing::info!(
@@ -101,10 +236,6 @@ fn serve_with(config: Config) -> Result<(), LayadError> {
             "checkpoint opened"
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(LayadError::Runtime)?;
     runtime.block_on(async {
         let workers = Workers::start(&config, &checkpoints)?;
         let backend: Arc<dyn Backend> = workers.scheduler();

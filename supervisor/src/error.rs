@@ -33,6 +33,9 @@ pub enum LayadError {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// A checkpoint could not be downloaded (or is missing while offline).
+    #[error(transparent)]
+    Fetch(#[from] layad_hub::FetchError),
     /// The worker processes could not be started.
     #[error(transparent)]
     Workers(#[from] crate::process::WorkersError),

@@ -10,7 +10,8 @@
 //! - [`process`]: the worker processes, their logs, restarts with backoff;
 //! - [`error`]: start-up errors and the one table from failures to HTTP answers;
 //! - [`metrics`], [`telemetry`], [`shutdown`]: `/metrics`, logging, the signal future;
-//! - [`cli`]: `layad serve`, `layad check`, `layad --version`.
+//! - [`cli`]: `layad serve`, `layad check`, `layad fetch`, `layad --version`;
+//! - [`service`]: `layad service install|uninstall|status` (launchd, systemd).
 
 pub mod admission;
 pub mod backend;
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod pool;
 pub mod process;
 pub mod scheduler;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 

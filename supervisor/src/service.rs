@@ -79,7 +79,7 @@ pub struct ServiceOptions {
     pub program: PathBuf,
     /// Home directory of the user the files belong to (user scope: agent/unit and log paths).
     pub home: PathBuf,
-    /// User id of the installing user (launchd's `gui/<uid>` domain).
+    /// User id of the installing user (launchd's `gui/<uid>` domain; 0 is needed for `--system`).
     pub uid: u32,
     /// System scope: the account the service runs as (`User=` / `UserName`); `None` = root.
     pub run_as: Option<String>,
@@ -108,7 +108,9 @@ impl ServiceOptions {
         let program = std::env::current_exe()
             .and_then(std::fs::canonicalize)
             .map_err(|e| ServiceError::Environment(format!("cannot find the running layad executable: {e}")))?;
-        let run_as = std::env::var("SUDO_USER").ok().filter(|u| system && !u.is_empty() && u != "root");
+        let run_as = std::env::var("SUDO_USER")
+            .ok()
+            .filter(|u| system && !u.is_empty() && u != "root");
         let account_home = run_as
             .as_deref()
             .and_then(|name| nix::unistd::User::from_name(name).ok().flatten())
@@ -125,7 +127,10 @@ impl ServiceOptions {
             .unwrap_or_else(|| home.join(".cache").join("huggingface"));
         let shell_variables = std::env::vars_os()
             .filter_map(|(name, _)| name.into_string().ok())
-            .filter(|name| name == layad_config::load::API_KEY_VAR || name.starts_with(layad_config::load::ENV_PREFIX))
+            .filter(|name| {
+                name == layad_config::load::API_KEY_VAR
+                    || (name.starts_with(layad_config::load::ENV_PREFIX) && name != layad_config::load::CONFIG_FILE_VAR)
+            })
             .collect();
         Ok(Self {
             manager,
@@ -149,7 +154,9 @@ impl ServiceOptions {
                 .home
                 .join("Library/LaunchAgents")
                 .join(format!("{LAUNCHD_LABEL}.plist")),
-            (Manager::Launchd, Scope::System) => Path::new("/Library/LaunchDaemons").join(format!("{LAUNCHD_LABEL}.plist")),
+            (Manager::Launchd, Scope::System) => {
+                Path::new("/Library/LaunchDaemons").join(format!("{LAUNCHD_LABEL}.plist"))
+            }
             (Manager::Systemd, Scope::User) => self.home.join(".config/systemd/user").join(SYSTEMD_UNIT),
             (Manager::Systemd, Scope::System) => Path::new("/etc/systemd/system").join(SYSTEMD_UNIT),
         }
@@ -393,7 +400,9 @@ impl fmt::Display for ServiceReport {
                 }
                 Step::Remove { path } => writeln!(f, "{remove} {}", path.display())?,
                 Step::Run(command) if command.must_succeed => writeln!(f, "{run}: {command}")?,
-                Step::Run(command) => writeln!(f, "{run}: {command}   (a failure here is expected if it is not loaded)")?,
+                Step::Run(command) => {
+                    writeln!(f, "{run}: {command}   (a failure here is expected if it is not loaded)")?
+                }
             }
         }
         for note in &self.notes {
@@ -428,11 +437,15 @@ impl fmt::Display for ServiceStatus {
 /// The service file's path and content for `options`, without touching anything.
 pub fn render(options: &ServiceOptions) -> Result<(PathBuf, String), ServiceError> {
     let config = load_config(options)?;
-    let contents = match options.manager {
-        Manager::Launchd => render_plist(options, &config)?,
-        Manager::Systemd => render_unit(options, &config)?,
-    };
-    Ok((options.service_file(), contents))
+    Ok((options.service_file(), contents(options, &config)?))
+}
+
+/// The plist or unit text for `options` running with `config`.
+fn contents(options: &ServiceOptions, config: &Config) -> Result<String, ServiceError> {
+    match options.manager {
+        Manager::Launchd => render_plist(options, config),
+        Manager::Systemd => render_unit(options, config),
+    }
 }
 
 /// Installs (or reinstalls) and starts the service; with `dry_run`, only reports what it would do.
@@ -446,16 +459,30 @@ pub fn install(options: &ServiceOptions) -> Result<ServiceReport, ServiceError> 
 /// [`install`] with commands run by `runner`.
 pub fn install_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result<ServiceReport, ServiceError> {
     let config = load_config(options)?;
-    let (path, contents) = render(options)?;
+    let path = options.service_file();
+    let contents = contents(options, &config)?;
     let mut steps = vec![Step::CreateDir {
         path: parent(&path),
         owner: None,
     }];
-    if options.manager == Manager::Launchd {
-        steps.push(Step::CreateDir {
+    let account = options.run_as.clone().filter(|_| options.scope == Scope::System);
+    match (options.manager, options.scope) {
+        // launchd does not create the directory of StandardOutPath.
+        (Manager::Launchd, _) => steps.push(Step::CreateDir {
             path: parent(&options.log_file()),
-            owner: options.run_as.clone().filter(|_| options.scope == Scope::System),
-        });
+            owner: account,
+        }),
+        // Under ProtectSystem=strict a cache directory that does not exist cannot be created
+        // later, and ReadWritePaths= only opens one that does.
+        (Manager::Systemd, Scope::System) => {
+            for dir in std::iter::once(&options.hf_home).chain(&options.hf_hub_cache) {
+                steps.push(Step::CreateDir {
+                    path: dir.clone(),
+                    owner: account.clone(),
+                });
+            }
+        }
+        (Manager::Systemd, Scope::User) => {}
     }
     steps.push(Step::Write {
         path: path.clone(),
@@ -539,7 +566,10 @@ fn native_only(options: &ServiceOptions) -> Result<(), ServiceError> {
 /// [`status`] with the command run by `runner`.
 pub fn status_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result<ServiceStatus, ServiceError> {
     let command = match options.manager {
-        Manager::Launchd => options.launchctl(&["print", &format!("{}/{LAUNCHD_LABEL}", options.launchd_domain())], false),
+        Manager::Launchd => options.launchctl(
+            &["print", &format!("{}/{LAUNCHD_LABEL}", options.launchd_domain())],
+            false,
+        ),
         Manager::Systemd => options.systemctl(&["status", "--no-pager", SYSTEMD_UNIT], false),
     };
     let service_file = options.service_file();
@@ -561,7 +591,7 @@ fn perform(
     runner: &mut dyn Runner,
 ) -> Result<ServiceReport, ServiceError> {
     if !options.dry_run {
-        if options.scope == Scope::System && !nix::unistd::getuid().is_root() {
+        if options.scope == Scope::System && options.uid != 0 {
             return Err(ServiceError::NeedsRoot {
                 path: options.service_file(),
                 command,
@@ -585,13 +615,21 @@ fn perform_step(step: &Step, runner: &mut dyn Runner) -> Result<(), ServiceError
     };
     match step {
         Step::CreateDir { path, owner } => {
+            // The directories this creates, outermost first: those are the ones to hand over.
+            let created: Vec<&Path> = {
+                let mut missing: Vec<&Path> = path.ancestors().take_while(|p| !p.exists()).collect();
+                missing.reverse();
+                missing
+            };
             std::fs::create_dir_all(path).map_err(io(path))?;
             if let Some(owner) = owner {
                 let user = nix::unistd::User::from_name(owner)
                     .ok()
                     .flatten()
                     .ok_or_else(|| ServiceError::Environment(format!("no account named {owner}")))?;
-                std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw())).map_err(io(path))?;
+                for dir in created {
+                    std::os::unix::fs::chown(dir, Some(user.uid.as_raw()), Some(user.gid.as_raw())).map_err(io(dir))?;
+                }
             }
         }
         Step::Write { path, contents } => {
@@ -610,7 +648,9 @@ fn perform_step(step: &Step, runner: &mut dyn Runner) -> Result<(), ServiceError
             if command.must_succeed && !output.success() {
                 return Err(ServiceError::Command {
                     command: command.to_string(),
-                    status: output.code.map_or("killed by a signal".to_owned(), |c| format!("exit code {c}")),
+                    status: output
+                        .code
+                        .map_or("killed by a signal".to_owned(), |c| format!("exit code {c}")),
                     stderr: output.stderr.trim().to_owned(),
                 });
             }
@@ -685,18 +725,24 @@ fn render_plist(options: &ServiceOptions, config: &Config) -> Result<String, Ser
         _ => String::new(),
     };
     let log_file = text("the log file", &options.log_file())?;
-    fill(PLIST_TEMPLATE, &[
-        ("LABEL", LAUNCHD_LABEL.to_owned()),
-        ("USER_NAME", user_name),
-        ("PROGRAM_ARGUMENTS", arguments.join("\n")),
-        ("ENVIRONMENT", environment.join("\n")),
-        ("EXIT_TIMEOUT", stop_timeout(config).to_string()),
-        ("LOG_FILE", xml_escape(&log_file)),
-    ])
+    fill(
+        PLIST_TEMPLATE,
+        &[
+            ("LABEL", LAUNCHD_LABEL.to_owned()),
+            ("USER_NAME", user_name),
+            ("PROGRAM_ARGUMENTS", arguments.join("\n")),
+            ("ENVIRONMENT", environment.join("\n")),
+            ("EXIT_TIMEOUT", stop_timeout(config).to_string()),
+            ("LOG_FILE", xml_escape(&log_file)),
+        ],
+    )
 }
 
 fn render_unit(options: &ServiceOptions, config: &Config) -> Result<String, ServiceError> {
-    let exec_start: Vec<String> = program_arguments(options)?.iter().map(|a| systemd_quote(a, true)).collect();
+    let exec_start: Vec<String> = program_arguments(options)?
+        .iter()
+        .map(|a| systemd_quote(a, true))
+        .collect();
     let environment: Vec<String> = environment(options)?
         .iter()
         .map(|(name, value)| format!("Environment={}", systemd_quote(&format!("{name}={value}"), false)))
@@ -718,7 +764,10 @@ fn render_unit(options: &ServiceOptions, config: &Config) -> Result<String, Serv
             if let Some(cache) = &options.hf_hub_cache {
                 writable.push(text("HF_HUB_CACHE", cache)?);
             }
-            let writable: Vec<String> = writable.iter().map(|p| systemd_quote(&format!("-{p}"), false)).collect();
+            let writable: Vec<String> = writable
+                .iter()
+                .map(|p| systemd_quote(&format!("-{p}"), false))
+                .collect();
             values.push(("USER", user));
             values.push(("READ_WRITE_PATHS", writable.join(" ")));
             SYSTEM_UNIT_TEMPLATE
@@ -850,9 +899,7 @@ fn install_notes(options: &ServiceOptions, config: &Config) -> Vec<String> {
             "a launchd agent runs while you are logged in; logs go to {}",
             options.log_file().display()
         )),
-        (Manager::Launchd, Scope::System) => {
-            notes.push(format!("logs go to {}", options.log_file().display()))
-        }
+        (Manager::Launchd, Scope::System) => notes.push(format!("logs go to {}", options.log_file().display())),
         (Manager::Systemd, Scope::User) => {
             let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(options.uid))
                 .ok()
@@ -893,9 +940,20 @@ mod tests {
     fn templates_name_their_placeholders() {
         assert_eq!(
             placeholders(PLIST_TEMPLATE),
-            ["LABEL", "USER_NAME", "PROGRAM_ARGUMENTS", "ENVIRONMENT", "EXIT_TIMEOUT", "LOG_FILE", "LOG_FILE"]
+            [
+                "LABEL",
+                "USER_NAME",
+                "PROGRAM_ARGUMENTS",
+                "ENVIRONMENT",
+                "EXIT_TIMEOUT",
+                "LOG_FILE",
+                "LOG_FILE"
+            ]
         );
-        assert_eq!(placeholders(USER_UNIT_TEMPLATE), ["EXEC_START", "ENVIRONMENT", "TIMEOUT_STOP"]);
+        assert_eq!(
+            placeholders(USER_UNIT_TEMPLATE),
+            ["EXEC_START", "ENVIRONMENT", "TIMEOUT_STOP"]
+        );
         assert_eq!(
             placeholders(SYSTEM_UNIT_TEMPLATE),
             ["USER", "EXEC_START", "ENVIRONMENT", "TIMEOUT_STOP", "READ_WRITE_PATHS"]
@@ -928,7 +986,11 @@ mod tests {
     fn commands_print_as_a_shell_would_take_them() {
         let command = ManagerCommand {
             program: "launchctl".to_owned(),
-            args: vec!["bootstrap".to_owned(), "gui/501".to_owned(), "/Users/a b/x.plist".to_owned()],
+            args: vec![
+                "bootstrap".to_owned(),
+                "gui/501".to_owned(),
+                "/Users/a b/x.plist".to_owned(),
+            ],
             must_succeed: true,
         };
         assert_eq!(command.to_string(), "launchctl bootstrap gui/501 '/Users/a b/x.plist'");

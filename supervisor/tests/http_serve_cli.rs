@@ -1,15 +1,9 @@
-//! The `layad` binary itself: `serve` with no config on the fixture Hugging Face cache (listening,
-//! not ready without workers, SIGTERM → exit 0), `check`, `--version`, and a misspelled key
-//! refused by both commands with a message naming it and the file.
+//! The `layad` binary's commands that need no worker: `check`, `--version`, and a misspelled key
+//! refused by both `check` and `serve` with a message naming it and the file. (`serve` with workers
+//! is covered by the system tests in tests/.)
 
-mod http_support;
-
-use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-use http_support::{Request, send};
+use std::process::{Command, Output};
 
 fn layad() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_layad"));
@@ -33,13 +27,6 @@ fn run(command: &mut Command) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 #[test]
