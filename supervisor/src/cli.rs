@@ -239,6 +239,11 @@ fn serve_with(config: Config, offline: bool) -> Result<(), LayadError> {
     runtime.block_on(async {
         let workers = Workers::start(&config, &checkpoints)?;
         let backend: Arc<dyn Backend> = workers.scheduler();
+        tokio::spawn(announce_ready(
+            config.server.listen,
+            Arc::clone(&backend),
+            Arc::clone(&checkpoints),
+        ));
         let served = crate::http::serve(&config, checkpoints, backend, crate::shutdown::shutdown_signal()).await;
         // Whether HTTP stopped cleanly or failed to start, no worker may outlive us.
         workers.stop().await;
@@ -246,6 +251,38 @@ fn serve_with(config: Config, offline: bool) -> Result<(), LayadError> {
         tracing::info!(drained = report.drained, "stopped");
         Ok(())
     })
+}
+
+/// Logs one line once every served checkpoint has a ready worker: address, pools, devices,
+/// checkpoints with revisions — what a person starting the service wants to see.
+async fn announce_ready(listen: SocketAddr, backend: Arc<dyn Backend>, checkpoints: Arc<Checkpoints>) {
+    let started = std::time::Instant::now();
+    loop {
+        let status = backend.status();
+        if checkpoints.iter().all(|(name, _)| status.servable(name)) {
+            let pools: Vec<String> = status
+                .pools
+                .iter()
+                .map(|p| {
+                    let mut devices: Vec<&str> = p.workers.iter().filter_map(|w| w.device.as_deref()).collect();
+                    devices.dedup();
+                    format!("{} ({} x {})", p.name, p.workers.len(), devices.join("/"))
+                })
+                .collect();
+            let served: Vec<String> = checkpoints
+                .iter()
+                .map(|(name, c)| format!("{}@{}", name.as_str(), c.location.revision().unwrap_or("local")))
+                .collect();
+            tracing::info!(
+                "layad ready on http://{listen} in {:.1} s: pools {}; checkpoints {}",
+                started.elapsed().as_secs_f64(),
+                pools.join(", "),
+                served.join(", ")
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// `layad check`: the configuration, then one block per checkpoint; exit 1 on any problem.

@@ -73,19 +73,31 @@ fn emit(line: &str, tags: &LogTags) {
         .and_then(Value::as_str)
         .unwrap_or("INFO")
         .to_ascii_uppercase();
-    let mut fields = match record.remove("fields") {
-        Some(Value::Object(fields)) => fields,
-        _ => serde_json::Map::new(),
-    };
-    let message = match fields.remove("message") {
+    // Workers flatten event fields into the record (`flatten_event`); a nested `fields` object is
+    // accepted too. The worker's own timestamp is dropped: the re-emitted line gets ours.
+    if let Some(Value::Object(nested)) = record.remove("fields") {
+        record.extend(nested);
+    }
+    for key in [
+        "timestamp",
+        "level",
+        "target",
+        "span",
+        "spans",
+        "threadName",
+        "threadId",
+    ] {
+        record.remove(key);
+    }
+    let message = match record.remove("message") {
         Some(Value::String(m)) => m,
         Some(other) => other.to_string(),
         None => String::new(),
     };
-    let fields = if fields.is_empty() {
+    let fields = if record.is_empty() {
         String::new()
     } else {
-        Value::Object(fields).to_string()
+        Value::Object(record).to_string()
     };
     match level.as_str() {
         "ERROR" => tracing::error!(target: "layad::worker", pool, worker, pid, fields, "{message}"),
