@@ -167,9 +167,8 @@ async fn serve_with_no_config_file_answers_and_stops_on_sigterm() {
     let addr = format!("127.0.0.1:{}", layad_system_tests::free_port());
     let sockets = tempfile::tempdir().expect("tempdir");
     let mut child = Command::new(bin_dir().join("layad"))
-        .args(["serve", "--listen", &addr])
+        .args(["serve", "--listen", &addr, "--log-format", "json"])
         .env("HF_HOME", fixture_hf_home())
-        .env("LAYAD_LOGGING__FORMAT", "json")
         .env("LAYAD_WORKERS__SOCKET_DIR", sockets.path())
         .env_remove("LAYA_API_KEY")
         .stdout(Stdio::null())

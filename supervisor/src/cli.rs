@@ -86,6 +86,9 @@ pub struct ServeArgs {
     /// Never download a missing checkpoint (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
+    /// Log lines as `pretty` text or one `json` object per line (overrides logging.format).
+    #[arg(long, value_name = "FORMAT", value_parser = ["pretty", "json"])]
+    pub log_format: Option<String>,
 }
 
 /// `layad check` flags.
@@ -179,13 +182,18 @@ fn service(command: ServiceCommand) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     let sources = Sources::with_process_env(args.config, Flags { listen: args.listen });
-    let config = match Config::load(&sources) {
+    let mut config = match Config::load(&sources) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("layad: {e}");
             return ExitCode::FAILURE;
         }
     };
+    match args.log_format.as_deref() {
+        Some("json") => config.logging.format = layad_config::LogFormat::Json,
+        Some(_) => config.logging.format = layad_config::LogFormat::Pretty,
+        None => {}
+    }
     if let Err(e) = crate::telemetry::init_logging(&config.logging) {
         eprintln!("layad: {e}");
         return ExitCode::FAILURE;
