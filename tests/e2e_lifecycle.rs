@@ -80,7 +80,15 @@ checkpoints = ["multilingual", "typed-decisions"]
 "#;
     let mut server = Server::start(config, &[]);
     server.wait_ready(Duration::from_secs(180)).await;
-    let health = get(server.addr, "/health").await.expect("health").json();
+    // Ready means every checkpoint has one ready worker; the pools' second workers may still warm.
+    let start = Instant::now();
+    let health = loop {
+        let health = get(server.addr, "/health").await.expect("health").json();
+        if health["status"] == "ok" || start.elapsed() > Duration::from_secs(120) {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let pools = health["pools"].as_array().expect("pools");
     let names: Vec<&str> = pools.iter().filter_map(|p| p["name"].as_str()).collect();
     assert_eq!(names, ["english", "others"]);

@@ -63,6 +63,10 @@ struct Args {
     /// Fixture Hugging Face cache lending tokenizers and config templates.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
+    /// Idle milliseconds before every timed forward: an engine's worker threads keep spinning for a
+    /// while after its forward and would slow whichever engine runs next.
+    #[arg(long, default_value_t = 300)]
+    gap_ms: u64,
     /// Where the JSON result goes (default: `<out-dir>/model_forward.json`).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -250,12 +254,15 @@ fn run(args: &Args) -> Result<(), String> {
                 while round < args.min_rounds
                     || (round < args.max_rounds && start.elapsed().as_secs_f64() < args.budget_s)
                 {
+                    let gap = std::time::Duration::from_millis(args.gap_ms);
                     for ((_, engine), cell) in engines.iter_mut().zip(&mut shape_cells) {
+                        std::thread::sleep(gap);
                         let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
                         out.map_err(|e| e.to_string())?;
                         cell.times_ms.push(ms);
                     }
                     if let (Some(session), Some(cell)) = (upstream.as_mut(), shape_cells.last_mut()) {
+                        std::thread::sleep(gap);
                         cell.times_ms.extend(session.forward(length, rows, 1, false)?.times_ms);
                     }
                     round += 1;
@@ -291,6 +298,7 @@ fn run(args: &Args) -> Result<(), String> {
     let result = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "machine": {"cpu": cpu_model(), "threads": args.threads, "load_average_before": load_before, "load_average_after": load_after},
+        "gap_ms": args.gap_ms,
         "gemm_peak_gflops": peak,
         "gemm": gemm_details,
         "flops_model": checkpoint::FLOPS_MODEL,
