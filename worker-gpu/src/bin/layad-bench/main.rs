@@ -1,5 +1,6 @@
 //! `layad-bench`: forward latency of the candle engine on random-weight checkpoints of the published
-//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run.
+//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run (shape by
+//! shape, engine after engine).
 //!
 //! Prints a markdown table (the one in `docs/benchmarks.md`) and writes every number, with the
 //! machine's measured f32 GEMM peak and an output parity check against upstream, as JSON.
@@ -45,14 +46,14 @@ struct Args {
     /// CPU threads for candle and for torch.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Timed rounds per shape, at least (a round times one forward of every engine).
+    /// Timed forwards per engine and shape, at least.
     #[arg(long, default_value_t = 2)]
-    min_rounds: usize,
-    /// Timed rounds per shape, at most.
+    min_runs: usize,
+    /// Timed forwards per engine and shape, at most.
     #[arg(long, default_value_t = 15)]
-    max_rounds: usize,
-    /// Seconds per shape after which no further round starts (beyond --min-rounds).
-    #[arg(long, default_value_t = 12.0)]
+    max_runs: usize,
+    /// Seconds per engine and shape after which no further forward starts (beyond --min-runs).
+    #[arg(long, default_value_t = 4.0)]
     budget_s: f64,
     /// Python with laya[serve]==0.3.20 and torch; `none` skips the upstream side.
     #[arg(long, default_value = "/work/upstream-venv/bin/python")]
@@ -63,8 +64,8 @@ struct Args {
     /// Fixture Hugging Face cache lending tokenizers and config templates.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
-    /// Idle milliseconds before every timed forward: an engine's worker threads keep spinning for a
-    /// while after its forward and would slow whichever engine runs next.
+    /// Idle milliseconds before each engine's turn on a shape, so the previous engine's threads
+    /// have stopped spinning.
     #[arg(long, default_value_t = 300)]
     gap_ms: u64,
     /// Where the JSON result goes (default: `<out-dir>/model_forward.json`).
@@ -228,15 +229,29 @@ fn run(args: &Args) -> Result<(), String> {
                         flops,
                     })
                     .collect();
-                // Warm-up: one untimed forward each, whose outputs feed the parity check.
+                // Engine by engine, as a worker serves one: after an idle gap, one untimed warm-up
+                // forward (its outputs feed the parity check), then timed forwards back to back.
+                // Alternating engines forward by forward measured candle 8-15% slower than alone.
+                let gap = std::time::Duration::from_millis(args.gap_ms);
+                let keep_going = |n: usize, start: Instant| {
+                    n < args.min_runs || (n < args.max_runs && start.elapsed().as_secs_f64() < args.budget_s)
+                };
                 let mut candle_f32 = None;
-                for (precision, engine) in &mut engines {
+                for ((precision, engine), cell) in engines.iter_mut().zip(&mut shape_cells) {
+                    std::thread::sleep(gap);
                     let out = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
                     if *precision == Precision::F32 {
                         candle_f32 = Some(out);
                     }
+                    let start = Instant::now();
+                    while keep_going(cell.times_ms.len(), start) {
+                        let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
+                        out.map_err(|e| e.to_string())?;
+                        cell.times_ms.push(ms);
+                    }
                 }
-                if let Some(session) = upstream.as_mut() {
+                if let (Some(session), Some(cell)) = (upstream.as_mut(), shape_cells.last_mut()) {
+                    std::thread::sleep(gap);
                     let reply = session.forward(length, rows, 1, true)?;
                     if let Some(ours) = &candle_f32 {
                         let logits: Vec<Vec<f32>> = ours.iter().map(|o| o.logits.clone()).collect();
@@ -247,32 +262,18 @@ fn run(args: &Args) -> Result<(), String> {
                             "max_abs_act_probability_diff": max_abs_diff(&act, &reply.act_probabilities),
                         }));
                     }
-                }
-                // Rounds alternate the engines forward by forward, so load changes hit all alike.
-                let start = Instant::now();
-                let mut round = 0;
-                while round < args.min_rounds
-                    || (round < args.max_rounds && start.elapsed().as_secs_f64() < args.budget_s)
-                {
-                    let gap = std::time::Duration::from_millis(args.gap_ms);
-                    for ((_, engine), cell) in engines.iter_mut().zip(&mut shape_cells) {
-                        std::thread::sleep(gap);
-                        let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
-                        out.map_err(|e| e.to_string())?;
-                        cell.times_ms.push(ms);
-                    }
-                    if let (Some(session), Some(cell)) = (upstream.as_mut(), shape_cells.last_mut()) {
-                        std::thread::sleep(gap);
+                    let start = Instant::now();
+                    while keep_going(cell.times_ms.len(), start) {
                         cell.times_ms.extend(session.forward(length, rows, 1, false)?.times_ms);
                     }
-                    round += 1;
                 }
                 for cell in &shape_cells {
                     eprintln!(
-                        "{} {} {length}x{rows}: p50 {:.1} ms over {round} rounds",
+                        "{} {} {length}x{rows}: p50 {:.1} ms over {} runs",
                         cell.model,
                         cell.engine,
-                        cell.percentile(0.5)
+                        cell.percentile(0.5),
+                        cell.times_ms.len()
                     );
                 }
                 cells.extend(shape_cells);
