@@ -121,3 +121,73 @@ pub fn deliberate_difference(case: &str) -> Option<(u16, &'static str)> {
         _ => return None,
     })
 }
+
+/// One row upstream ran: its input and what upstream's model computed for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoldenRow {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Marker positions.
+    pub markers: Vec<u32>,
+    /// Question type (0 choice, 1 score, 2 noul).
+    pub qtype: u32,
+    /// Upstream's fp32 logits, one per marker.
+    pub logits: Vec<f32>,
+    /// Softmax of upstream's act logits (float32).
+    pub act_probabilities: Vec<f32>,
+}
+
+/// A golden request that ran a forward: its rows, batched as upstream batched them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoldenForward {
+    /// The case name.
+    pub name: String,
+    /// The checkpoint upstream routed it to.
+    pub checkpoint: String,
+    /// Its rows, in request order.
+    pub rows: Vec<GoldenRow>,
+}
+
+/// Every case of `cases.json` that ran a forward (non-empty `rows`).
+pub fn golden_forwards() -> Vec<GoldenForward> {
+    let numbers = |v: &Value| -> Vec<f64> {
+        v.as_array()
+            .expect("array of numbers")
+            .iter()
+            .map(|x| x.as_f64().expect("number"))
+            .collect()
+    };
+    let softmax = |x: &[f32]| -> Vec<f32> {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
+        let sum: f32 = exps.iter().sum();
+        exps.iter().map(|e| e / sum).collect()
+    };
+    let golden = fixture_json("goldens/cases.json");
+    golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|case| case["rows"].as_array().is_some_and(|rows| !rows.is_empty()))
+        .map(|case| GoldenForward {
+            name: case["name"].as_str().expect("name").to_owned(),
+            checkpoint: case["checkpoint"].as_str().expect("checkpoint").to_owned(),
+            rows: case["rows"]
+                .as_array()
+                .expect("rows")
+                .iter()
+                .map(|row| {
+                    let logits: Vec<f32> = numbers(&row["logits"]).into_iter().map(|x| x as f32).collect();
+                    let act: Vec<f32> = numbers(&row["action_logits"]).into_iter().map(|x| x as f32).collect();
+                    GoldenRow {
+                        ids: numbers(&row["ids"]).into_iter().map(|x| x as u32).collect(),
+                        markers: numbers(&row["markers"]).into_iter().map(|x| x as u32).collect(),
+                        qtype: row["qtype"].as_u64().expect("qtype") as u32,
+                        logits,
+                        act_probabilities: softmax(&act),
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}

@@ -3,13 +3,13 @@
 //! them) on the three fixture checkpoints, in f32, bf16 and f16; and padded mixed batches against
 //! single rows.
 
+use layad_system_tests::goldens::golden_forwards;
 use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::question::QuestionType;
 use laya::routing::CheckpointName;
 use layad_proto::{Engine, EngineOutput, EngineRow};
-use serde_json::Value;
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
 
 fn fixture_cache() -> PathBuf {
@@ -46,11 +46,6 @@ struct Case {
     rows: Vec<GoldenRow>,
 }
 
-fn floats(value: &Value) -> Vec<f32> {
-    let items = value.as_array().expect("array of numbers");
-    items.iter().map(|x| x.as_f64().expect("number") as f32).collect()
-}
-
 fn softmax(x: &[f32]) -> Vec<f32> {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
@@ -58,34 +53,24 @@ fn softmax(x: &[f32]) -> Vec<f32> {
     exps.iter().map(|e| e / sum).collect()
 }
 
-/// Cases with status 200 that ran a forward.
+/// The shared golden forwards, with rows as the engine takes them.
 fn golden_cases() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/goldens/cases.json");
-    let text = std::fs::read_to_string(path).expect("cases.json");
-    let file: Value = serde_json::from_str(&text).expect("cases.json is JSON");
-    let cases = file["cases"].as_array().expect("cases");
-    let ids = |v: &Value| -> Vec<u32> {
-        let items = v.as_array().expect("ids");
-        items.iter().map(|x| x.as_u64().expect("id") as u32).collect()
-    };
-    cases
-        .iter()
-        .filter(|c| c["status"] == 200 && c["rows"].as_array().is_some_and(|r| !r.is_empty()))
-        .map(|c| Case {
-            name: c["name"].as_str().expect("name").to_owned(),
-            checkpoint: c["checkpoint"].as_str().expect("checkpoint").to_owned(),
-            rows: c["rows"]
-                .as_array()
-                .expect("rows")
-                .iter()
+    golden_forwards()
+        .into_iter()
+        .map(|f| Case {
+            name: f.name,
+            checkpoint: f.checkpoint,
+            rows: f
+                .rows
+                .into_iter()
                 .map(|r| GoldenRow {
                     row: EngineRow {
-                        ids: ids(&r["ids"]),
-                        markers: ids(&r["markers"]),
-                        qtype: r["qtype"].as_u64().expect("qtype") as u32,
+                        ids: r.ids,
+                        markers: r.markers,
+                        qtype: r.qtype,
                     },
-                    logits: floats(&r["logits"]),
-                    act_probabilities: softmax(&floats(&r["action_logits"])),
+                    logits: r.logits,
+                    act_probabilities: r.act_probabilities,
                 })
                 .collect(),
         })

@@ -2,6 +2,7 @@
 //! checkpoints and driven over its Unix socket with `layad_proto`'s client — readiness, upstream
 //! parity over gRPC, refused input, SIGTERM mid-forward, parent death, device fallback.
 
+use layad_system_tests::goldens::golden_forwards;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -180,47 +181,24 @@ struct Case {
     rows: Vec<GoldenRow>,
 }
 
-fn softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
-/// Every upstream case that ran a forward, with its rows as upstream batched them.
+/// The shared golden forwards, with rows as the engine takes them.
 fn golden_cases() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/goldens/cases.json");
-    let file: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("cases.json")).expect("JSON");
-    let numbers = |v: &Value| -> Vec<f64> {
-        v.as_array()
-            .expect("array")
-            .iter()
-            .map(|x| x.as_f64().expect("number"))
-            .collect()
-    };
-    let cases = file["cases"].as_array().expect("cases");
-    cases
-        .iter()
-        .filter(|case| case["rows"].as_array().is_some_and(|rows| !rows.is_empty()))
-        .map(|case| Case {
-            name: case["name"].as_str().expect("name").to_owned(),
-            checkpoint: case["checkpoint"].as_str().expect("checkpoint").to_owned(),
-            rows: case["rows"]
-                .as_array()
-                .expect("rows")
-                .iter()
-                .map(|row| {
-                    let to_u32 = |v: &Value| numbers(v).into_iter().map(|x| x as u32).collect::<Vec<u32>>();
-                    let to_f32 = |v: &Value| numbers(v).into_iter().map(|x| x as f32).collect::<Vec<f32>>();
-                    GoldenRow {
-                        row: EngineRow {
-                            ids: to_u32(&row["ids"]),
-                            markers: to_u32(&row["markers"]),
-                            qtype: row["qtype"].as_u64().expect("qtype") as u32,
-                        },
-                        logits: to_f32(&row["logits"]),
-                        act_probabilities: softmax(&to_f32(&row["action_logits"])),
-                    }
+    golden_forwards()
+        .into_iter()
+        .map(|f| Case {
+            name: f.name,
+            checkpoint: f.checkpoint,
+            rows: f
+                .rows
+                .into_iter()
+                .map(|r| GoldenRow {
+                    row: EngineRow {
+                        ids: r.ids,
+                        markers: r.markers,
+                        qtype: r.qtype,
+                    },
+                    logits: r.logits,
+                    act_probabilities: r.act_probabilities,
                 })
                 .collect(),
         })
