@@ -5,6 +5,9 @@ use layad_system_tests::{Server, deliberate_difference, fixture_json, json_diffe
 use std::time::Duration;
 
 const CONFIG: &str = r#"
+[server]
+diagnostics = false   # byte-for-byte upstream bodies
+
 [[pool]]
 name = "cpu"
 device = "cpu"

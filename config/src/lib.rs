@@ -19,6 +19,6 @@ pub mod schema;
 pub use error::{ConfigError, Problem};
 pub use load::{Flags, Sources, ignored_upstream_variables};
 pub use schema::{
-    ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, LogFormat, LoggingConfig, PoolConfig,
-    ServerConfig, WorkerKind, WorkersConfig,
+    AneExecutor, ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, LogFormat, LoggingConfig,
+    PoolConfig, SchedulingConfig, ServerConfig, WorkerKind, WorkersConfig,
 };

@@ -12,7 +12,7 @@ use figment::{Figment, Metadata, Profile, Provider, Source};
 use laya::routing::CheckpointName;
 
 use crate::error::{ConfigError, Problem};
-use crate::schema::{ApiKey, CheckpointSource, Config, Device, WorkerKind};
+use crate::schema::{ApiKey, CheckpointSource, Config, Device, Dtype, WorkerKind};
 
 /// Prefix of the environment variables that override keys.
 pub const ENV_PREFIX: &str = "LAYAD_";
@@ -419,9 +419,6 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             }
         }
         if pool.worker == WorkerKind::Ane {
-            if !cfg!(target_os = "macos") {
-                report_pool("worker", "\"ane\" (the Neural Engine) exists only on macOS".into());
-            }
             if pool.device != Device::Auto {
                 report_pool(
                     "device",
@@ -431,6 +428,31 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
                     ),
                 );
             }
+            if pool.dtype == Dtype::Bf16 {
+                report_pool(
+                    "dtype",
+                    "\"bf16\" does not apply to an \"ane\" pool: Core ML runs its graphs in f16; the candle executor takes \"f32\" or \"f16\"".into(),
+                );
+            }
+            if pool.artifacts.is_none() {
+                report_pool(
+                    "artifacts",
+                    "missing; an \"ane\" pool needs the directory of its converted Core ML artifacts".into(),
+                );
+            }
+        } else if pool.artifacts.is_some() {
+            report_pool("artifacts", "applies only to pools with worker = \"ane\"".into());
+        }
+        for (k, value) in [("max_questions", pool.max_questions), ("max_tokens", pool.max_tokens)] {
+            if value == Some(0) {
+                report_pool(k, "must be at least 1".into());
+            }
+        }
+        if pool.buckets.contains(&0) || pool.buckets.windows(2).any(|w| w[0] >= w[1]) {
+            report_pool(
+                "buckets",
+                format!("{:?}: give positive lengths in increasing order", pool.buckets),
+            );
         }
         if let Some(list) = &pool.checkpoints {
             if list.is_empty() {
@@ -526,6 +548,11 @@ fn resolve_relative_paths(config: &mut Config, origins: &Origins) {
     }
     if let Some(dir) = &mut config.workers.socket_dir {
         resolve(dir, &["workers", "socket_dir"]);
+    }
+    for (i, pool) in config.pools.iter_mut().enumerate() {
+        if let Some(dir) = &mut pool.artifacts {
+            resolve(dir, &["pool", &i.to_string(), "artifacts"]);
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub struct Config {
     /// `[[pool]]`: groups of identical workers on one device.
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
+    /// `[scheduling]`: how requests are spread over the pools.
+    pub scheduling: SchedulingConfig,
     /// `[workers]`: how worker processes are found, started and restarted.
     pub workers: WorkersConfig,
     /// `[logging]`: log format and filter.
@@ -40,6 +42,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             checkpoints: CheckpointsConfig::default(),
             pools: vec![PoolConfig::named("gpu")],
+            scheduling: SchedulingConfig::default(),
             workers: WorkersConfig::default(),
             logging: LoggingConfig::default(),
             api_key: None,
@@ -93,6 +96,9 @@ pub struct ServerConfig {
     /// Upstream's `LAYA_AUTO_TASK`: route requests whose question ids match a typed-decisions
     /// workflow to the typed-decisions checkpoint.
     pub auto_task: bool,
+    /// Append the `x_layad` block (pool, device, routing reason, queue and device time) to every
+    /// answer, after upstream's keys; `false` gives bodies byte-for-byte like upstream's.
+    pub diagnostics: bool,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +113,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             max_connections: 512,
             auto_task: false,
+            diagnostics: true,
         }
     }
 }
@@ -229,6 +236,26 @@ pub struct PoolConfig {
     /// The checkpoints this pool's workers load; absent = every served checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "checkpoint_list")]
     pub checkpoints: Option<Vec<CheckpointName>>,
+    /// Most questions (rows) in one request this pool takes; absent = as many as `max_rows`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_questions: Option<u32>,
+    /// Longest row (tokens) this pool takes; absent = what the workers accept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Fixed row lengths: every row is padded to the smallest bucket that holds it (as a
+    /// fixed-shape engine needs); rows longer than the largest go elsewhere. Empty = no buckets.
+    #[serde(default)]
+    pub buckets: Vec<u32>,
+    /// How long a lone queued request may wait for others to share its forward pass.
+    #[serde(default, with = "duration")]
+    pub batch_wait: Duration,
+    /// `ane` pools: the directory of converted Core ML artifacts (`<dir>/<checkpoint>/L<bucket>/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<PathBuf>,
+    /// `ane` pools: what runs the converted graphs: `coreml` (the Neural Engine, macOS) or `candle`
+    /// (the same graph contract on the CPU, anywhere; for checking the host side).
+    #[serde(default)]
+    pub executor: AneExecutor,
 }
 
 impl PoolConfig {
@@ -245,6 +272,12 @@ impl PoolConfig {
             max_batch_tokens: Self::default_max_batch_tokens(),
             queue_capacity: Self::default_queue_capacity(),
             checkpoints: None,
+            max_questions: None,
+            max_tokens: None,
+            buckets: Vec::new(),
+            batch_wait: Duration::ZERO,
+            artifacts: None,
+            executor: AneExecutor::default(),
         }
     }
 
@@ -291,6 +324,42 @@ impl WorkerKind {
             WorkerKind::Gpu => "gpu",
             WorkerKind::Ane => "ane",
         }
+    }
+}
+
+/// What runs an `ane` pool's converted graphs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AneExecutor {
+    /// Core ML pinned to the CPU and Neural Engine (macOS only).
+    #[default]
+    Coreml,
+    /// candle on the CPU, same graph contract (any platform).
+    Candle,
+}
+
+impl AneExecutor {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AneExecutor::Coreml => "coreml",
+            AneExecutor::Candle => "candle",
+        }
+    }
+}
+
+/// `[scheduling]`: how requests are spread over the pools.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulingConfig {
+    /// Move a request from its preferred pool to another pool that can hold it when it would
+    /// finish strictly earlier there (backlog plus service estimate).
+    pub spill: bool,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        Self { spill: true }
     }
 }
 

@@ -21,10 +21,17 @@ mod validation;
 mod warmup;
 
 pub use client::{ClientError, ForwardResult, WorkerClient};
-pub use engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint};
+pub use engine::{
+    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport,
+};
 pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
 pub use warmup::WarmupPolicy;
 
 /// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer
 /// built from the previous revision would misread; the client refuses a worker whose revision differs.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Exit status of a worker whose device or runtime does not exist on this machine (for example
+/// `layad-worker-ane` without Core ML): not a crash, so the supervisor reports the pool unavailable
+/// with the worker's last error line instead of restarting it. (BSD sysexits' `EX_UNAVAILABLE`.)
+pub const EXIT_DEVICE_UNAVAILABLE: i32 = 69;

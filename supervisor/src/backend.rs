@@ -50,6 +50,34 @@ pub struct JobOutput {
     pub queue_wait: Duration,
     /// Time the worker spent on the forward pass.
     pub device_time: Duration,
+    /// Rows in that forward pass: more than the job's own when it shared the pass with others.
+    pub batch_rows: usize,
+    /// How the pool was chosen.
+    pub route: Route,
+    /// Why, in words (the `x_layad.reason` of the answer).
+    pub reason: String,
+}
+
+/// How a job's pool was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// The most specialised ready pool that can hold the job.
+    Preferred,
+    /// Another capable pool, where it was expected to finish strictly earlier.
+    Spilled,
+    /// The preferred pool is unavailable or has no ready worker; another capable pool took it.
+    Fallback,
+}
+
+impl Route {
+    /// The spelling in answers, `/health` and `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Preferred => "preferred",
+            Route::Spilled => "spilled",
+            Route::Fallback => "fallback",
+        }
+    }
 }
 
 /// Why a job was not run; each maps to one HTTP answer (see `error.rs`).
@@ -67,6 +95,9 @@ pub enum BackendError {
     /// No ready worker serves the checkpoint right now (503).
     #[error("no ready worker serves checkpoint '{}'", .0.as_str())]
     CheckpointUnavailable(CheckpointName),
+    /// No pool can run the job's shape in one forward pass (503 naming the limits).
+    #[error("{0}")]
+    NoCapablePool(String),
     /// The worker failed on this job (500 `inference failed`); the text is logged, never sent.
     #[error("inference failed: {0}")]
     Failed(String),
@@ -108,6 +139,20 @@ pub struct PoolStatus {
     pub in_flight: usize,
     /// Why the pool is degraded (e.g. a crash loop), if it is.
     pub degraded: Option<String>,
+    /// Why the pool cannot run at all on this machine (its worker reported its device missing).
+    pub unavailable: Option<String>,
+    /// Replaced or removed by a reload: takes no new jobs, finishes its queue, then stops.
+    pub retiring: bool,
+    /// What it takes: most questions, longest row, buckets (from config and the workers).
+    pub capabilities: Capabilities,
+    /// Expected time until a new job could start: queued and running work per ready worker.
+    pub backlog: Duration,
+    /// Jobs placed here, by route (spilled = spilled in from another pool).
+    pub routed: RouteCounts,
+    /// Jobs that preferred this pool but spilled to another.
+    pub spilled_out: u64,
+    /// Forward passes that carried more than one job, and the jobs they carried.
+    pub batches: (u64, u64),
     /// The pool's workers.
     pub workers: Vec<WorkerStatus>,
 }
@@ -135,6 +180,50 @@ pub struct WorkerStatus {
     pub last_error: Option<String>,
     /// The last lines its previous process wrote to stderr.
     pub stderr_tail: Vec<String>,
+    /// Its warm-up, as reported when it became ready: (checkpoint, shape, rows, tokens per row,
+    /// steady milliseconds). Empty until then.
+    pub warmup: Vec<WarmupReport>,
+}
+
+/// One warm-up shape a worker ran before it became ready.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmupReport {
+    /// The checkpoint.
+    pub checkpoint: String,
+    /// `short`, `longest`, `bucket`, `multi-row`.
+    pub shape: String,
+    /// Rows in the batch.
+    pub rows: u32,
+    /// Tokens per row.
+    pub tokens_per_row: u32,
+    /// Steady-state time in milliseconds.
+    pub steady_ms: f64,
+}
+
+/// Jobs routed to a pool, by how.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// As the preferred pool.
+    pub preferred: u64,
+    /// Spilled in from another pool.
+    pub spilled: u64,
+    /// Taken because the preferred pool could not.
+    pub fallback: u64,
+}
+
+/// What a pool takes: from its configuration, narrowed by what its workers report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Most questions (rows) of one request.
+    pub max_questions: usize,
+    /// Most rows in one forward pass.
+    pub max_rows: usize,
+    /// Longest row, when limited.
+    pub max_len: Option<usize>,
+    /// Fixed row lengths rows are padded to (empty: none).
+    pub buckets: Vec<usize>,
+    /// Most padded tokens in one forward pass.
+    pub max_batch_tokens: usize,
 }
 
 /// A checkpoint a worker has loaded, from the worker's own report.
@@ -202,6 +291,7 @@ mod tests {
             last_exit: None,
             last_error: None,
             stderr_tail: Vec::new(),
+            warmup: Vec::new(),
         }
     }
 
@@ -216,6 +306,19 @@ mod tests {
                 queue_capacity: 1,
                 in_flight: 0,
                 degraded: None,
+                unavailable: None,
+                retiring: false,
+                capabilities: Capabilities {
+                    max_questions: 64,
+                    max_rows: 64,
+                    max_len: None,
+                    buckets: Vec::new(),
+                    max_batch_tokens: 32768,
+                },
+                backlog: Duration::ZERO,
+                routed: RouteCounts::default(),
+                spilled_out: 0,
+                batches: (0, 0),
                 workers,
             }],
         }

@@ -31,6 +31,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate the configuration and open every served checkpoint; exit 0 if all is well, else 1.
     Check(CheckArgs),
+    /// Make the running server re-read its configuration (SIGHUP) and report how it went.
+    Reload(CheckArgs),
     /// Download checkpoints into the Hugging Face cache (shared with upstream laya).
     Fetch(FetchArgs),
     /// Run layad as a launchd (macOS) or systemd (Linux) service.
@@ -104,6 +106,7 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Reload(args) => reload(args),
         Command::Fetch(args) => fetch(args),
         Command::Service(command) => service(command),
     }
@@ -206,7 +209,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(text) => tracing::info!(config = %text, api_key = config.api_key.is_some(), "configuration"),
         Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
     }
-    match serve_with(config, args.offline) {
+    match serve_with(config, sources, args.offline) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -216,7 +219,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn serve_with(config: Config, offline: bool) -> Result<(), LayadError> {
+fn serve_with(config: Config, sources: Sources, offline: bool) -> Result<(), LayadError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -252,7 +255,19 @@ fn serve_with(config: Config, offline: bool) -> Result<(), LayadError> {
             Arc::clone(&backend),
             Arc::clone(&checkpoints),
         ));
-        let served = crate::http::serve(&config, checkpoints, backend, crate::shutdown::shutdown_signal()).await;
+        let served = match crate::http::Server::bind(&config, checkpoints, backend).await {
+            Ok(server) => {
+                if let Ok(addr) = server.local_addr() {
+                    tracing::info!(%addr, "listening");
+                }
+                let live = server.live();
+                tokio::select! {
+                    report = server.run(crate::shutdown::shutdown_signal()) => Ok(report),
+                    never = crate::reload::reload_on_sighup(sources, config.clone(), &workers, &live) => match never {},
+                }
+            }
+            Err(e) => Err(e),
+        };
         // Whether HTTP stopped cleanly or failed to start, no worker may outlive us.
         workers.stop().await;
         let report = served?;
@@ -291,6 +306,99 @@ async fn announce_ready(listen: SocketAddr, backend: Arc<dyn Backend>, checkpoin
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// `layad reload`: checks the configuration here first (a broken file is reported without
+/// bothering the server), then sends SIGHUP to the server listening at `server.listen` (its pid
+/// from `/health`) and waits for `/health` to report the outcome.
+fn reload(args: CheckArgs) -> ExitCode {
+    let sources = Sources::with_process_env(args.config, Flags::default());
+    let config = match Config::load(&sources) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("layad reload: not sent, the configuration has errors:\n{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("layad reload: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(signal_reload(config.server.listen)) {
+        Ok(changes) => {
+            println!(
+                "reloaded: {}",
+                if changes.is_empty() {
+                    "nothing changed".to_owned()
+                } else {
+                    changes.join("; ")
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("layad reload: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `GET /health` of the local server at `listen`.
+async fn local_health(listen: SocketAddr) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("no layad answers on {addr} (server.listen): {e}"))?;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&response);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body)
+        .ok_or_else(|| format!("{addr} did not answer HTTP"))?;
+    serde_json::from_str(body).map_err(|e| format!("{addr}/health is not layad's: {e}"))
+}
+
+async fn signal_reload(listen: SocketAddr) -> Result<Vec<String>, String> {
+    let attempt = |health: &serde_json::Value| health["reload"]["attempt"].as_u64().unwrap_or(0);
+    let before = local_health(listen).await?;
+    let pid = before["pid"]
+        .as_u64()
+        .and_then(|p| i32::try_from(p).ok())
+        .ok_or_else(|| format!("{listen}/health does not give a pid; is it layad?"))?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP)
+        .map_err(|e| format!("cannot signal layad (pid {pid}): {e}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let health = local_health(listen).await?;
+        if attempt(&health) > attempt(&before) {
+            let reload = &health["reload"];
+            if let Some(error) = reload["error"].as_str() {
+                return Err(format!("refused; the running configuration stays: {error}"));
+            }
+            let changes = reload["changes"].as_array().cloned().unwrap_or_default();
+            return Ok(changes.iter().filter_map(|c| c.as_str().map(str::to_owned)).collect());
+        }
+    }
+    Err(format!(
+        "SIGHUP sent to pid {pid}, but /health reported no reload within 30 s"
+    ))
 }
 
 /// `layad check`: the configuration, then one block per checkpoint; exit 1 on any problem.

@@ -13,10 +13,12 @@ use laya::python_text::{Separators, py_json};
 use laya::request::parse_body;
 use laya::routing::CheckpointName;
 use layad_config::{CheckpointSource, Config};
+use serde_json::{Value, json};
 
 use crate::admission::ContentEncoding;
-use crate::backend::{Backend, BackendError, Job};
+use crate::backend::{Backend, BackendError, Job, JobOutput, Route};
 use crate::error::ApiError;
+use crate::reload::LiveSettings;
 
 /// Finds a checkpoint where the configuration says it is.
 pub fn locate(name: CheckpointName, source: &CheckpointSource) -> Result<Location, CheckpointError> {
@@ -101,6 +103,8 @@ pub struct Decided {
     pub checkpoint: Option<CheckpointName>,
     /// The pool that ran it, once one did.
     pub pool: Option<String>,
+    /// How that pool was chosen, once one was.
+    pub route: Option<Route>,
     /// Where the time went.
     pub timings: Timings,
 }
@@ -112,6 +116,7 @@ impl Decided {
             result: Err(error),
             checkpoint: None,
             pool: None,
+            route: None,
             timings: Timings::default(),
         }
     }
@@ -124,6 +129,7 @@ pub struct Decider {
     backend: Arc<dyn Backend>,
     options: DecisionOptions,
     request_timeout: Duration,
+    live: Arc<LiveSettings>,
 }
 
 impl Decider {
@@ -133,12 +139,14 @@ impl Decider {
         backend: Arc<dyn Backend>,
         options: DecisionOptions,
         request_timeout: Duration,
+        live: Arc<LiveSettings>,
     ) -> Self {
         Self {
             checkpoints,
             backend,
             options,
             request_timeout,
+            live,
         }
     }
 
@@ -191,6 +199,7 @@ impl Decider {
             .checkpoints
             .get(prepared.checkpoint())
             .ok_or_else(ApiError::inference_failed)?;
+        let mut diagnostics = None;
         let outputs = if prepared.rows.is_empty() {
             // Upstream answers an empty `questions` without a forward pass.
             Vec::new()
@@ -212,12 +221,35 @@ impl Decider {
                 }
                 Err(_) => return Err(BackendError::DeadlineExpired.into()),
             };
-            decided.pool = Some(output.pool);
+            decided.pool = Some(output.pool.clone());
+            decided.route = Some(output.route);
             decided.timings.queue = Some(output.queue_wait);
             decided.timings.device = Some(output.device_time);
+            diagnostics = Some(diagnostics_block(&output));
             output.outputs
         };
-        let body = respond(prepared, checkpoint, &outputs)?;
+        let mut body = respond(prepared, checkpoint, &outputs)?;
+        if self.live.diagnostics()
+            && let (Some(block), Some(object)) = (diagnostics, body.as_object_mut())
+        {
+            object.insert("x_layad".to_owned(), block);
+        }
         Ok(py_json(&body, Separators::Compact))
     }
+}
+
+/// The `x_layad` object: where the job ran, why there, and where its time went.
+fn diagnostics_block(output: &JobOutput) -> Value {
+    // Three decimals of a millisecond: enough to compare, short enough to read.
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    json!({
+        "pool": output.pool,
+        "worker": output.worker,
+        "device": output.device,
+        "route": output.route.as_str(),
+        "reason": output.reason,
+        "queue_ms": ms(output.queue_wait),
+        "device_ms": ms(output.device_time),
+        "batch_rows": output.batch_rows,
+    })
 }

@@ -137,6 +137,7 @@ impl From<BackendError> for ApiError {
                 format!("checkpoint '{}' has no ready worker; try again later", name.as_str()),
                 Duration::from_secs(1),
             ),
+            BackendError::NoCapablePool(why) => Self::unavailable(why, Duration::from_secs(1)),
             BackendError::Failed(_) => Self::inference_failed(),
         }
     }

@@ -215,6 +215,24 @@ impl Collector for BackendCollector {
         )?;
         gauge(
             &mut encoder,
+            "layad_pool_backlog_microseconds",
+            "Expected wait before a new job could start: estimated queued and running work per ready worker",
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.as_str())], p.backlog.as_micros() as i64))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
+            "layad_pool_unavailable",
+            "1 when a pool's device does not exist on this machine (its worker said so), else 0",
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.as_str())], i64::from(p.unavailable.is_some())))
+                .collect(),
+        )?;
+        gauge(
+            &mut encoder,
             "layad_workers",
             "Workers per pool and state",
             pools
@@ -228,17 +246,59 @@ impl Collector for BackendCollector {
                 .collect(),
         )?;
         let counter_type = ConstCounter::new(0u64).metric_type();
-        let mut restarts = encoder.encode_descriptor(
-            "layad_worker_restarts",
-            "Times a worker process was restarted",
+        {
+            let mut restarts = encoder.encode_descriptor(
+                "layad_worker_restarts",
+                "Times a worker process was restarted",
+                None,
+                counter_type,
+            )?;
+            for pool in pools {
+                for worker in &pool.workers {
+                    let labels = [("pool", pool.name.as_str()), ("worker", worker.id.as_str())];
+                    ConstCounter::new(worker.restarts).encode(restarts.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut routed = encoder.encode_descriptor(
+                "layad_routed",
+                "Jobs placed on a pool, by route: preferred, spilled (in from another pool), fallback",
+                None,
+                counter_type,
+            )?;
+            for pool in pools {
+                for (route, count) in [
+                    ("preferred", pool.routed.preferred),
+                    ("spilled", pool.routed.spilled),
+                    ("fallback", pool.routed.fallback),
+                ] {
+                    let labels = [("pool", pool.name.as_str()), ("route", route)];
+                    ConstCounter::new(count).encode(routed.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut spilled_out = encoder.encode_descriptor(
+                "layad_spilled_out",
+                "Jobs that preferred a pool but were expected to finish earlier on another",
+                None,
+                counter_type,
+            )?;
+            for pool in pools {
+                let labels = [("pool", pool.name.as_str())];
+                ConstCounter::new(pool.spilled_out).encode(spilled_out.encode_family(&labels)?)?;
+            }
+        }
+        let mut batches = encoder.encode_descriptor(
+            "layad_batched_forwards",
+            "Forward passes that carried more than one job",
             None,
             counter_type,
         )?;
         for pool in pools {
-            for worker in &pool.workers {
-                let labels = [("pool", pool.name.as_str()), ("worker", worker.id.as_str())];
-                ConstCounter::new(worker.restarts).encode(restarts.encode_family(&labels)?)?;
-            }
+            let labels = [("pool", pool.name.as_str())];
+            ConstCounter::new(pool.batches.0).encode(batches.encode_family(&labels)?)?;
         }
         Ok(())
     }

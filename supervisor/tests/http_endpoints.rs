@@ -324,7 +324,12 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
     assert_eq!(response.status, 200, "no key needed");
     let health = response.json();
     let keys = |v: &Value| v.as_object().expect("object").keys().cloned().collect::<Vec<_>>();
-    assert_eq!(keys(&health), ["status", "version", "loaded", "checkpoints", "pools"]);
+    assert_eq!(
+        keys(&health),
+        ["status", "version", "pid", "reload", "loaded", "checkpoints", "pools"]
+    );
+    assert_eq!(health["pid"], std::process::id());
+    assert_eq!(health["reload"], Value::Null, "no reload yet");
     assert_eq!(health["status"], "ok");
     assert_eq!(health["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(
@@ -346,9 +351,17 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "queue_capacity",
             "in_flight",
             "degraded",
+            "unavailable",
+            "retiring",
+            "takes",
+            "backlog_ms",
+            "routed",
+            "batches",
             "workers"
         ]
     );
+    assert_eq!(pool["backlog_ms"], 3.0);
+    assert_eq!(pool["takes"]["max_questions"], 64);
     assert_eq!(
         (pool["queue_depth"].as_u64(), pool["in_flight"].as_u64()),
         (Some(3), Some(1))
@@ -366,7 +379,8 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "restarts",
             "last_exit",
             "last_error",
-            "stderr_tail"
+            "stderr_tail",
+            "warmup"
         ]
     );
     assert_eq!(
@@ -553,4 +567,25 @@ async fn the_grace_period_bounds_the_drain() {
     assert!(!report.drained && report.abandoned_connections == 1, "{report:?}");
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     stuck.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_diagnostics_block_follows_upstreams_keys_and_the_switch_removes_it() {
+    let (body, upstream) = large_golden_case();
+    let server = TestServer::start(|config| config.server.diagnostics = true).await;
+    let response = server.post("/v1/systemone", &[JSON], &body).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let text = response.text();
+    // Upstream's body, then one more key: clients that read upstream's keys see no change.
+    let upstream_prefix = upstream.strip_suffix('}').expect("an object");
+    assert!(text.starts_with(upstream_prefix), "{text}");
+    let answer: Value = serde_json::from_str(&text).expect("json");
+    let block = &answer["x_layad"];
+    assert_eq!(block["pool"], "gpu");
+    assert_eq!(block["route"], "preferred");
+    assert_eq!(block["reason"], "'gpu' is the only pool");
+    assert_eq!(block["device_ms"], 0.7);
+    assert_eq!(block["batch_rows"], 1);
+    let server = TestServer::start(|config| config.server.diagnostics = false).await;
+    assert_eq!(server.post("/v1/systemone", &[JSON], &body).await.text(), upstream);
 }

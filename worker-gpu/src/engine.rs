@@ -24,6 +24,9 @@ pub struct EngineOptions {
     pub max_rows: u32,
     /// Most tokens (sum of row lengths) in one forward.
     pub max_batch_tokens: u32,
+    /// Fixed row lengths, increasing: every batch is padded to the smallest that holds its longest
+    /// row (as a fixed-shape engine would be); longer rows are refused. Empty: pad to the longest.
+    pub length_buckets: Vec<u32>,
 }
 
 impl Default for EngineOptions {
@@ -34,6 +37,7 @@ impl Default for EngineOptions {
             threads: None,
             max_rows: 64,
             max_batch_tokens: 16_384,
+            length_buckets: Vec::new(),
         }
     }
 }
@@ -51,6 +55,7 @@ pub struct CandleEngine {
     models: Vec<NamedModel>,
     max_rows: u32,
     max_batch_tokens: u32,
+    length_buckets: Vec<u32>,
 }
 
 impl CandleEngine {
@@ -109,6 +114,7 @@ impl CandleEngine {
             models,
             max_rows: options.max_rows,
             max_batch_tokens: options.max_batch_tokens,
+            length_buckets: options.length_buckets,
         })
     }
 
@@ -208,14 +214,25 @@ impl Engine for CandleEngine {
             checkpoints: self.models.iter().map(|m| m.info.clone()).collect(),
             max_rows: self.max_rows,
             max_batch_tokens: self.max_batch_tokens,
-            length_buckets: Vec::new(),
+            length_buckets: self.length_buckets.clone(),
         }
     }
 
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
         let named = self.find(checkpoint)?;
         self.validate(named, rows)?;
-        let run = || named.model.forward(rows);
+        let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+        let pad_to = match self.length_buckets.iter().find(|&&b| b as usize >= longest) {
+            Some(&bucket) => bucket as usize,
+            None if self.length_buckets.is_empty() => longest,
+            None => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "a row has {longest} tokens; this engine's longest length bucket is {}",
+                    self.length_buckets.last().copied().unwrap_or_default()
+                )));
+            }
+        };
+        let run = || named.model.forward_padded(rows, pad_to);
         let outputs = match &self.threads {
             Some(pool) => pool.run(run),
             None => run(),

@@ -47,6 +47,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = EngineOptions::default().max_batch_tokens)]
     max_batch_tokens: u32,
 
+    /// Fixed row lengths, comma-separated and increasing (e.g. 64,96,128): each batch is padded to
+    /// the smallest that holds its longest row; longer rows are refused.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    length_buckets: Vec<u32>,
+
     /// Read end of the supervisor's liveness pipe; end-of-file on it makes the worker exit.
     #[arg(long, value_name = "FD")]
     liveness_fd: Option<std::os::fd::RawFd>,
@@ -99,6 +104,7 @@ fn main() -> ExitCode {
         threads: args.threads,
         max_rows: args.max_rows,
         max_batch_tokens: args.max_batch_tokens,
+        length_buckets: args.length_buckets.clone(),
     };
     let require_device = args.require_device;
     let load = move || -> Result<CandleEngine, LoadError> {

@@ -20,6 +20,7 @@ fn options() -> EngineOptions {
         threads: Some(1),
         max_rows: 4,
         max_batch_tokens: 100,
+        length_buckets: Vec::new(),
     }
 }
 

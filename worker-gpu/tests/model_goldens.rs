@@ -21,6 +21,10 @@ fn location(name: CheckpointName) -> Location {
 }
 
 fn engine(precision: Precision) -> CandleEngine {
+    engine_with_buckets(precision, Vec::new())
+}
+
+fn engine_with_buckets(precision: Precision, length_buckets: Vec<u32>) -> CandleEngine {
     let checkpoints: Vec<(String, Location)> = CheckpointName::ALL
         .iter()
         .map(|&name| (name.as_str().to_owned(), location(name)))
@@ -29,6 +33,7 @@ fn engine(precision: Precision) -> CandleEngine {
         device: DeviceRequest::Cpu,
         precision: Some(precision),
         threads: Some(2),
+        length_buckets,
         ..EngineOptions::default()
     };
     CandleEngine::load(&checkpoints, options).expect("load fixture checkpoints")
@@ -145,6 +150,27 @@ fn f32_matches_upstream_on_every_golden_row() {
     });
     assert!(rows >= 150, "only {rows} golden rows");
     eprintln!("f32: {rows} rows, worst |Δlogit| {logit:e}, worst |Δact p| {act:e}");
+}
+
+#[test]
+fn rows_padded_to_length_buckets_answer_like_unpadded_rows() {
+    let mut engine = engine_with_buckets(Precision::F32, vec![64, 96, 128]);
+    let mut rows = 0;
+    for case in golden_cases() {
+        let inputs: Vec<EngineRow> = case.rows.iter().map(|r| r.row.clone()).collect();
+        let longest = inputs.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+        let result = engine.forward(&case.checkpoint, &inputs);
+        if longest > 128 {
+            assert!(result.is_err(), "{}: {longest} tokens exceed the buckets", case.name);
+            continue;
+        }
+        for (golden, out) in case.rows.iter().zip(result.expect("forward")) {
+            assert!(max_abs_diff(&out.logits, &golden.logits) <= 1e-4, "{}", case.name);
+            assert!(max_abs_diff(&out.act_probabilities, &golden.act_probabilities) <= 1e-4);
+            rows += 1;
+        }
+    }
+    assert!(rows >= 50, "only {rows} golden rows fit the buckets");
 }
 
 /// Upstream's calibrated probabilities of a golden row (temperature per question type and size).

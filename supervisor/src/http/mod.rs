@@ -14,7 +14,7 @@ use laya::python_text::{Separators, py_json};
 use serde_json::Value;
 
 pub use middleware::RequestContext;
-pub use server::{App, Server, ShutdownReport, serve};
+pub use server::{App, Server, ShutdownReport};
 
 /// A JSON answer rendered as Starlette renders it (compact, non-ASCII kept), `application/json`.
 pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response {

@@ -27,6 +27,7 @@ use crate::error::{ApiError, LayadError};
 use crate::http::middleware::{self, HostCheck};
 use crate::http::routes;
 use crate::metrics::Metrics;
+use crate::reload::LiveSettings;
 
 /// What every handler shares.
 pub struct App {
@@ -42,6 +43,8 @@ pub struct App {
     pub host_check: Option<HostCheck>,
     /// The exported metrics.
     pub metrics: Metrics,
+    /// What a reload changes while serving, and how the last reload went.
+    pub live: Arc<LiveSettings>,
 }
 
 /// How the drain after a shutdown signal went.
@@ -60,6 +63,7 @@ pub struct Server {
     max_connections: usize,
     header_timeout: Duration,
     shutdown_grace: Duration,
+    live: Arc<LiveSettings>,
 }
 
 impl Server {
@@ -77,6 +81,7 @@ impl Server {
             .local_addr()
             .map_err(|source| LayadError::Bind { addr, source })?;
         let server = &config.server;
+        let live = Arc::new(LiveSettings::new(config));
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
             decider: Decider::new(
@@ -86,11 +91,13 @@ impl Server {
                     auto_task: server.auto_task,
                 },
                 server.request_timeout,
+                Arc::clone(&live),
             ),
             metrics: Metrics::new(Arc::clone(&backend)),
             backend,
             checkpoints,
             host_check: local.ip().is_loopback().then(|| HostCheck::new(&server.allowed_hosts)),
+            live: Arc::clone(&live),
         };
         Ok(Self {
             listener,
@@ -98,7 +105,13 @@ impl Server {
             max_connections: server.max_connections,
             header_timeout: server.body_timeout,
             shutdown_grace: server.shutdown_grace,
+            live,
         })
+    }
+
+    /// The settings a reload changes while this server runs.
+    pub fn live(&self) -> Arc<LiveSettings> {
+        Arc::clone(&self.live)
     }
 
     /// The address actually bound (the port, when `listen` asked for port 0).
@@ -182,20 +195,6 @@ impl Server {
         }
         report
     }
-}
-
-/// Binds and serves until `shutdown` completes: the entry point `layad serve` uses.
-pub async fn serve(
-    config: &Config,
-    checkpoints: Arc<Checkpoints>,
-    backend: Arc<dyn Backend>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<ShutdownReport, LayadError> {
-    let server = Server::bind(config, checkpoints, backend).await?;
-    if let Ok(addr) = server.local_addr() {
-        tracing::info!(%addr, "listening");
-    }
-    Ok(server.run(shutdown).await)
 }
 
 /// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.

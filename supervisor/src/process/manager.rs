@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use laya::routing::CheckpointName;
-use layad_config::Config;
+use layad_config::{Config, WorkerKind};
 use layad_proto::client::WorkerClient;
-use layad_proto::pb;
-use tokio::task::JoinSet;
+use layad_proto::{EXIT_DEVICE_UNAVAILABLE, pb};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{LoadedCheckpoint, WorkerState};
-use crate::pool::Pool;
+use crate::pool::{Pool, warmup_reports};
 use crate::process::logs::{LogTags, StderrTail, forward_stderr};
 use crate::process::worker_process::{WorkerProcess, WorkerSpec, describe_exit};
 
@@ -71,10 +71,13 @@ impl ManagerSettings {
     }
 }
 
-/// The command line of one worker.
-fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize) -> WorkerSpec {
+/// The command line of one worker. `generation` tells apart the sockets of a pool and the pool a
+/// reload is replacing it with, which run side by side for a while.
+fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation: u64) -> WorkerSpec {
     let (served, pool) = (pool.checkpoints(), pool.config());
-    let socket = settings.socket_dir.join(format!("{}-{index}.sock", pool.name));
+    let socket = settings
+        .socket_dir
+        .join(format!("{}-{generation}-{index}.sock", pool.name));
     let mut args: Vec<OsString> = vec![
         "--socket".into(),
         socket.clone().into(),
@@ -102,6 +105,16 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize) -> WorkerS
     }
     args.extend(["--max-rows".into(), pool.max_rows.to_string().into()]);
     args.extend(["--max-batch-tokens".into(), pool.max_batch_tokens.to_string().into()]);
+    if !pool.buckets.is_empty() {
+        let buckets: Vec<String> = pool.buckets.iter().map(u32::to_string).collect();
+        args.extend(["--length-buckets".into(), buckets.join(",").into()]);
+    }
+    if pool.worker == WorkerKind::Ane {
+        if let Some(dir) = &pool.artifacts {
+            args.extend(["--artifacts".into(), dir.clone().into_os_string()]);
+        }
+        args.extend(["--executor".into(), pool.executor.as_str().into()]);
+    }
     WorkerSpec {
         binary: settings.binary_dir.join(pool.worker.binary_name()),
         args,
@@ -109,17 +122,16 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize) -> WorkerS
     }
 }
 
-/// Starts one supervising task per worker slot of every pool; they run until `stop` is cancelled,
-/// then stop their workers (SIGTERM, grace, SIGKILL). Await the returned set to know they are gone.
-pub fn start(settings: Arc<ManagerSettings>, pools: &[Arc<Pool>], stop: CancellationToken) -> JoinSet<()> {
-    let mut tasks = JoinSet::new();
-    for pool in pools {
-        for index in 0..pool.config().workers as usize {
-            let (settings, pool, stop) = (Arc::clone(&settings), Arc::clone(pool), stop.clone());
-            tasks.spawn(async move { supervise(settings, pool, index, stop).await });
-        }
-    }
-    tasks
+/// Starts the supervising task of slot `index` of `pool`: it keeps a worker running there until
+/// `stop` is cancelled, then stops it (drain, SIGTERM, grace, SIGKILL) and returns.
+pub fn spawn_slot(
+    settings: Arc<ManagerSettings>,
+    pool: Arc<Pool>,
+    index: usize,
+    generation: u64,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move { supervise(settings, pool, index, generation, stop).await })
 }
 
 /// Polls the socket until the worker answers Describe as ready.
@@ -136,9 +148,24 @@ async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo) {
     }
 }
 
+/// Why a worker process ended without being asked to.
+enum Failure {
+    /// It crashed or failed to start: restart it.
+    Crashed(String),
+    /// It exited with [`EXIT_DEVICE_UNAVAILABLE`]: its device does not exist here; restarting
+    /// cannot help.
+    Unavailable(String),
+}
+
 /// One slot's life: spawn, admit when ready, watch, restart with backoff, until `stop`.
-async fn supervise(settings: Arc<ManagerSettings>, pool: Arc<Pool>, index: usize, stop: CancellationToken) {
-    let spec = worker_spec(&settings, &pool, index);
+async fn supervise(
+    settings: Arc<ManagerSettings>,
+    pool: Arc<Pool>,
+    index: usize,
+    generation: u64,
+    stop: CancellationToken,
+) {
+    let spec = worker_spec(&settings, &pool, index, generation);
     let id = format!("{}/{index}", pool.config().name);
     let mut backoff = settings.backoff_initial;
     let mut crashes: VecDeque<Instant> = VecDeque::new();
@@ -151,7 +178,17 @@ async fn supervise(settings: Arc<ManagerSettings>, pool: Arc<Pool>, index: usize
         let started = Instant::now();
         let failure = match run_once(&settings, &pool, index, &spec, &stop).await {
             Ok(()) => return,
-            Err(failure) => failure,
+            Err(Failure::Crashed(failure)) => failure,
+            Err(Failure::Unavailable(reason)) => {
+                tracing::error!(worker = %id, %reason, "the pool's device is not available on this machine; not restarting it");
+                pool.update_worker(index, |w| {
+                    w.state = WorkerState::Failed;
+                    w.last_error = Some(reason.clone());
+                });
+                pool.set_unavailable(reason);
+                stop.cancelled().await;
+                return;
+            }
         };
         if stop.is_cancelled() {
             pool.update_worker(index, |w| w.state = WorkerState::Stopped);
@@ -198,8 +235,8 @@ async fn run_once(
     index: usize,
     spec: &WorkerSpec,
     stop: &CancellationToken,
-) -> Result<(), String> {
-    let (mut process, stderr) = WorkerProcess::spawn(spec).map_err(|e| e.to_string())?;
+) -> Result<(), Failure> {
+    let (mut process, stderr) = WorkerProcess::spawn(spec).map_err(|e| Failure::Crashed(e.to_string()))?;
     let pid = process.pid();
     let tail = StderrTail::default();
     let tags = LogTags {
@@ -225,7 +262,13 @@ async fn run_once(
         ready = tokio::time::timeout(settings.startup_timeout, wait_ready(&spec.socket)) => ready,
         status = process.wait() => {
             let _ = logs.await;
-            return Err(crashed(status, "before it became ready"));
+            if matches!(&status, Ok(s) if s.code() == Some(EXIT_DEVICE_UNAVAILABLE)) {
+                let reason = last_error_message(&tail.lines())
+                    .unwrap_or_else(|| "the worker reported its device unavailable".to_owned());
+                crashed(status, "");
+                return Err(Failure::Unavailable(reason));
+            }
+            return Err(Failure::Crashed(crashed(status, "before it became ready")));
         }
         () = stop.cancelled() => {
             let status = process.terminate(settings.stop_timeout).await;
@@ -240,16 +283,11 @@ async fn run_once(
         let _ = logs.await;
         let reason = crashed(status, "");
         let timeout = settings.startup_timeout.as_secs();
-        return Err(format!(
+        return Err(Failure::Crashed(format!(
             "not ready within {timeout} s (startup_timeout); killed: {reason}"
-        ));
+        )));
     };
 
-    let checkpoints: Vec<CheckpointName> = info
-        .checkpoints
-        .iter()
-        .filter_map(|c| CheckpointName::from_name_or_alias(&c.name))
-        .collect();
     pool.update_worker(index, |w| {
         w.state = WorkerState::Ready;
         w.device = Some(info.device.clone());
@@ -266,6 +304,7 @@ async fn run_once(
                 })
             })
             .collect();
+        w.warmup = warmup_reports(&info);
     });
     if info.device_mismatch {
         tracing::warn!(worker = %format!("{}/{index}", pool.config().name), requested = %info.requested_device, device = %info.device, "worker runs on another device than configured");
@@ -275,14 +314,14 @@ async fn run_once(
     // Whatever happens below, the serving task must not outlive this process.
     let _retired_guard = retired.clone().drop_guard();
     let _dead_guard = dead.clone().drop_guard();
-    pool.admit(index, client.clone(), checkpoints, retired.clone(), dead.clone());
+    pool.admit(index, client.clone(), &info, retired.clone(), dead.clone());
 
     tokio::select! {
         status = process.wait() => {
             pool.retire(index);
             dead.cancel();
             let _ = logs.await;
-            Err(crashed(status, "while serving"))
+            Err(Failure::Crashed(crashed(status, "while serving")))
         }
         () = stop.cancelled() => {
             pool.retire(index);
@@ -295,5 +334,40 @@ async fn run_once(
             crashed(status, "(stopped)");
             Ok(())
         }
+    }
+}
+
+/// The message of the last error a worker logged (its JSON lines), e.g. why its device is missing.
+fn last_error_message(lines: &[String]) -> Option<String> {
+    lines.iter().rev().find_map(|line| {
+        let record: serde_json::Value = serde_json::from_str(line).ok()?;
+        if record.get("level")?.as_str()? != "ERROR" {
+            return None;
+        }
+        let fields = record.get("fields").unwrap_or(&record);
+        let message = fields.get("message")?.as_str()?;
+        Some(match fields.get("error").and_then(|e| e.as_str()) {
+            Some(error) => format!("{message}: {error}"),
+            None => message.to_owned(),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reason_is_the_last_error_line_with_its_error_field() {
+        let lines = [
+            r#"{"level":"INFO","fields":{"message":"starting"}}"#.to_owned(),
+            r#"{"level":"ERROR","fields":{"message":"cannot start","error":"Core ML is not available"}}"#.to_owned(),
+            "thread 'main' panicked".to_owned(),
+        ];
+        assert_eq!(
+            last_error_message(&lines).as_deref(),
+            Some("cannot start: Core ML is not available")
+        );
+        assert_eq!(last_error_message(&lines[..1]), None);
     }
 }

@@ -7,10 +7,12 @@ pub mod worker_process;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use layad_config::Config;
-use tokio::task::JoinSet;
+use laya::routing::CheckpointName;
+use layad_config::{Config, PoolConfig};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::BackendError;
@@ -40,9 +42,38 @@ pub enum WorkersError {
 
 /// The running worker side: pools, their scheduler, and one supervising task per worker slot.
 pub struct Workers {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     scheduler: Arc<Scheduler>,
+    settings: Arc<ManagerSettings>,
+    /// Cancelled at shutdown; every slot's token is a child of it.
     stop: CancellationToken,
-    tasks: JoinSet<()>,
+    /// The pools the configuration has now, plus those a reload is retiring.
+    pools: Mutex<Vec<RunningPool>>,
+    /// Tells apart the worker sockets of a pool and of the pool a reload replaces it with.
+    generation: AtomicU64,
+}
+
+/// One pool with its slots.
+struct RunningPool {
+    pool: Arc<Pool>,
+    generation: u64,
+    slots: Vec<Slot>,
+}
+
+/// One worker slot's supervising task and what stops it.
+struct Slot {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// What a reload changed, for the log and `/health`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadSummary {
+    /// One line per change, e.g. `pool short: 1 → 2 workers`.
+    pub changes: Vec<String>,
 }
 
 /// Creates `dir` private to this user (0700), or checks that an existing one is.
@@ -68,17 +99,92 @@ fn private_dir(dir: &Path) -> Result<(), WorkersError> {
     Ok(())
 }
 
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Vec<RunningPool>> {
+        self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts slots `from..to` of `running`.
+    fn start_slots(&self, running: &mut RunningPool, from: usize, to: usize) {
+        for index in from..to {
+            let stop = self.stop.child_token();
+            let task = manager::spawn_slot(
+                Arc::clone(&self.settings),
+                Arc::clone(&running.pool),
+                index,
+                running.generation,
+                stop.clone(),
+            );
+            running.slots.push(Slot { stop, task });
+        }
+    }
+
+    /// A new pool with all its slots starting.
+    fn start_pool(&self, config: &PoolConfig, checkpoints: Vec<CheckpointName>) -> RunningPool {
+        let mut running = RunningPool {
+            pool: Pool::new(config.clone(), checkpoints),
+            generation: self.generation.fetch_add(1, Ordering::Relaxed),
+            slots: Vec::new(),
+        };
+        self.start_slots(&mut running, 0, config.workers as usize);
+        running
+    }
+
+    /// Hands the scheduler the current pool list.
+    fn publish(&self) {
+        let pools = self.lock().iter().map(|r| Arc::clone(&r.pool)).collect();
+        self.scheduler.set_pools(pools);
+    }
+}
+
+/// Stops `slots` (each drains its worker first) and waits for them.
+async fn stop_slots(slots: Vec<Slot>) {
+    for slot in &slots {
+        slot.stop.cancel();
+    }
+    for slot in slots {
+        let _ = slot.task.await;
+    }
+}
+
+/// Retires `old` once `successor` (if any) is fully ready: it stops taking jobs, finishes its
+/// queue, then its workers stop and it leaves the scheduler.
+async fn retire_pool(inner: Arc<Inner>, old: Arc<Pool>, successor: Option<Arc<Pool>>) {
+    if let Some(new) = successor {
+        let waiting_since = std::time::Instant::now();
+        // Until the successor can take the load, the old pool keeps serving.
+        while !new.fully_ready() && waiting_since.elapsed() < inner.settings.startup_timeout {
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                () = inner.stop.cancelled() => return,
+            }
+        }
+    }
+    old.set_retiring();
+    while !old.idle() {
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            () = inner.stop.cancelled() => return,
+        }
+    }
+    let slots = {
+        let mut pools = inner.lock();
+        let Some(pos) = pools.iter().position(|r| Arc::ptr_eq(&r.pool, &old)) else {
+            return;
+        };
+        pools.remove(pos).slots
+    };
+    inner.publish();
+    stop_slots(slots).await;
+    tracing::info!(pool = old.name(), "retired pool stopped");
+}
+
 impl Workers {
     /// Starts every configured worker for the opened `checkpoints`; they join their pools as they
     /// become ready. Must run inside the tokio runtime.
     pub fn start(config: &Config, checkpoints: &Checkpoints) -> Result<Self, WorkersError> {
         let binary_dir = config.workers.binary_dir().map_err(WorkersError::BinaryDir)?;
-        for pool in &config.pools {
-            let binary = binary_dir.join(pool.worker.binary_name());
-            if !binary.is_file() {
-                return Err(WorkersError::MissingBinary(binary));
-            }
-        }
+        check_binaries(config, &binary_dir)?;
         let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
             .filter(|d| !d.is_empty())
             .map(PathBuf::from);
@@ -96,31 +202,125 @@ impl Workers {
             socket_dir,
             checkpoint_dirs,
         ));
-        let pools: Vec<Arc<Pool>> = config
+        let inner = Arc::new(Inner {
+            scheduler: Arc::new(Scheduler::new(Vec::new(), config.scheduling.spill)),
+            settings,
+            stop: CancellationToken::new(),
+            pools: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+        });
+        let started: Vec<RunningPool> = config
             .pools
             .iter()
-            .map(|p| Pool::new(p.clone(), config.pool_checkpoints(p)))
+            .map(|p| inner.start_pool(p, config.pool_checkpoints(p)))
             .collect();
-        let stop = CancellationToken::new();
-        let tasks = manager::start(settings, &pools, stop.clone());
-        Ok(Self {
-            scheduler: Arc::new(Scheduler::new(pools)),
-            stop,
-            tasks,
-        })
+        *inner.lock() = started;
+        inner.publish();
+        Ok(Self { inner })
     }
 
     /// The scheduler, which is the HTTP side's backend.
     pub fn scheduler(&self) -> Arc<Scheduler> {
-        Arc::clone(&self.scheduler)
+        Arc::clone(&self.inner.scheduler)
+    }
+
+    /// Applies the pools and scheduling of `config` (reload): added pools start, removed ones
+    /// drain and stop, a pool whose `workers` changed scales, any other change replaces the pool
+    /// (the new one warms up while the old one serves). Returns at once; workers join as they
+    /// become ready. `config` must serve the same checkpoints as at start.
+    pub fn reload(&self, config: &Config) -> Result<ReloadSummary, WorkersError> {
+        let inner = &self.inner;
+        check_binaries(config, &inner.settings.binary_dir)?;
+        inner.scheduler.set_spill(config.scheduling.spill);
+        let mut summary = ReloadSummary::default();
+        let mut retirements = Vec::new();
+        {
+            let mut pools = inner.lock();
+            let mut next: Vec<RunningPool> = Vec::new();
+            for wanted in &config.pools {
+                let checkpoints = config.pool_checkpoints(wanted);
+                let current = pools
+                    .iter()
+                    .position(|r| r.pool.name() == wanted.name && r.pool.accepting());
+                let Some(pos) = current else {
+                    summary.changes.push(format!("pool {}: added", wanted.name));
+                    next.push(inner.start_pool(wanted, checkpoints));
+                    continue;
+                };
+                let mut running = pools.remove(pos);
+                let old = running.pool.config().clone();
+                let same_but_size = PoolConfig {
+                    workers: old.workers,
+                    ..wanted.clone()
+                } == old
+                    && running.pool.checkpoints() == checkpoints.as_slice();
+                if !same_but_size {
+                    summary
+                        .changes
+                        .push(format!("pool {}: replaced (configuration changed)", wanted.name));
+                    let successor = inner.start_pool(wanted, checkpoints);
+                    retirements.push((Arc::clone(&running.pool), Some(Arc::clone(&successor.pool))));
+                    // The old pool stays in the list (and serving) until its successor is ready.
+                    next.push(running);
+                    next.push(successor);
+                    continue;
+                }
+                let (have, want) = (running.slots.len(), wanted.workers as usize);
+                if want > have {
+                    inner.start_slots(&mut running, have, want);
+                } else if want < have {
+                    let removed: Vec<Slot> = running.slots.drain(want..).collect();
+                    let pool = Arc::clone(&running.pool);
+                    tokio::spawn(async move {
+                        stop_slots(removed).await;
+                        for index in want..have {
+                            pool.remove_worker(index);
+                        }
+                    });
+                }
+                if want != have {
+                    summary
+                        .changes
+                        .push(format!("pool {}: {have} → {want} workers", wanted.name));
+                }
+                next.push(running);
+            }
+            // Pools the new configuration no longer has (and pools already retiring) stay until
+            // their queues are done.
+            for running in pools.drain(..) {
+                if running.pool.accepting() {
+                    summary.changes.push(format!("pool {}: removed", running.pool.name()));
+                    retirements.push((Arc::clone(&running.pool), None));
+                }
+                next.push(running);
+            }
+            *pools = next;
+        }
+        inner.publish();
+        for (old, successor) in retirements {
+            tokio::spawn(retire_pool(Arc::clone(inner), old, successor));
+        }
+        Ok(summary)
     }
 
     /// Stops every worker (drain, SIGTERM, grace, SIGKILL) and answers what is still queued.
-    pub async fn stop(mut self) {
-        self.stop.cancel();
-        while self.tasks.join_next().await.is_some() {}
-        for pool in self.scheduler.pools() {
+    pub async fn stop(self) {
+        self.inner.stop.cancel();
+        let slots: Vec<Slot> = self.inner.lock().iter_mut().flat_map(|r| r.slots.drain(..)).collect();
+        stop_slots(slots).await;
+        for pool in self.inner.scheduler.pools() {
             pool.fail_queued(|| BackendError::Failed("layad is shutting down".to_owned()));
         }
     }
+}
+
+/// Every configured worker binary must exist.
+fn check_binaries(config: &Config, binary_dir: &Path) -> Result<(), WorkersError> {
+    for pool in &config.pools {
+        let binary = binary_dir.join(pool.worker.binary_name());
+        if !binary.is_file() {
+            return Err(WorkersError::MissingBinary(binary));
+        }
+    }
+    Ok(())
 }

@@ -13,7 +13,8 @@ use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::RowOutput;
 use laya::routing::CheckpointName;
 use layad::backend::{
-    Backend, BackendError, BackendStatus, Job, JobOutput, LoadedCheckpoint, PoolStatus, WorkerState, WorkerStatus,
+    Backend, BackendError, BackendStatus, Capabilities, Job, JobOutput, LoadedCheckpoint, PoolStatus, Route,
+    RouteCounts, WorkerState, WorkerStatus,
 };
 use layad::decide::Checkpoints;
 use layad_config::Config;
@@ -131,6 +132,9 @@ impl Backend for GoldenBackend {
                 device: "cpu".into(),
                 queue_wait: Duration::from_micros(5),
                 device_time: Duration::from_micros(700),
+                batch_rows: 1,
+                route: Route::Preferred,
+                reason: "'gpu' is the only pool".into(),
             })
         })
     }
@@ -164,6 +168,7 @@ impl Backend for GoldenBackend {
             last_exit: Some("killed by SIGKILL".into()),
             last_error: None,
             stderr_tail: vec!["worker: bye".into()],
+            warmup: Vec::new(),
         };
         BackendStatus {
             pools: vec![PoolStatus {
@@ -175,6 +180,19 @@ impl Backend for GoldenBackend {
                 queue_capacity: 256,
                 in_flight: 1,
                 degraded: None,
+                unavailable: None,
+                retiring: false,
+                capabilities: Capabilities {
+                    max_questions: 64,
+                    max_rows: 64,
+                    max_len: None,
+                    buckets: Vec::new(),
+                    max_batch_tokens: 32768,
+                },
+                backlog: Duration::from_millis(3),
+                routed: RouteCounts::default(),
+                spilled_out: 0,
+                batches: (0, 0),
                 workers: vec![worker],
             }],
         }
@@ -199,6 +217,9 @@ impl TestServer {
     pub async fn start_with(checkpoints: Arc<Checkpoints>, adjust: impl FnOnce(&mut Config)) -> Self {
         let mut config = Config::default();
         config.server.listen = "127.0.0.1:0".parse().expect("addr");
+        // Most tests compare bodies with upstream's byte for byte; the ones about the
+        // diagnostics block turn it back on.
+        config.server.diagnostics = false;
         adjust(&mut config);
         let backend = Arc::new(GoldenBackend::new());
         let server = layad::Server::bind(&config, checkpoints, Arc::clone(&backend) as Arc<dyn Backend>)

@@ -61,6 +61,14 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         .iter()
         .map(|c| json!({"name": c.name.as_str(), "revision": c.revision, "sha256": c.sha256}))
         .collect();
+    let warmup: Vec<Value> = worker
+        .warmup
+        .iter()
+        .map(|w| {
+            json!({"checkpoint": w.checkpoint, "shape": w.shape, "rows": w.rows,
+                   "tokens_per_row": w.tokens_per_row, "steady_ms": w.steady_ms})
+        })
+        .collect();
     json!({
         "id": worker.id,
         "pid": worker.pid,
@@ -72,6 +80,7 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         "last_exit": worker.last_exit,
         "last_error": worker.last_error,
         "stderr_tail": worker.stderr_tail,
+        "warmup": warmup,
     })
 }
 
@@ -86,6 +95,23 @@ fn pool_json(pool: &PoolStatus) -> Value {
         "queue_capacity": pool.queue_capacity,
         "in_flight": pool.in_flight,
         "degraded": pool.degraded,
+        "unavailable": pool.unavailable,
+        "retiring": pool.retiring,
+        "takes": {
+            "max_questions": pool.capabilities.max_questions,
+            "max_tokens": pool.capabilities.max_len,
+            "buckets": pool.capabilities.buckets,
+            "max_rows": pool.capabilities.max_rows,
+            "max_batch_tokens": pool.capabilities.max_batch_tokens,
+        },
+        "backlog_ms": (pool.backlog.as_secs_f64() * 1e4).round() / 10.0,
+        "routed": {
+            "preferred": pool.routed.preferred,
+            "spilled_in": pool.routed.spilled,
+            "fallback": pool.routed.fallback,
+            "spilled_out": pool.spilled_out,
+        },
+        "batches": {"forwards": pool.batches.0, "jobs": pool.batches.1},
         "workers": pool.workers.iter().map(worker_json).collect::<Vec<_>>(),
     })
 }
@@ -115,9 +141,20 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         .filter(|name| !missing.contains(name))
         .map(CheckpointName::as_str)
         .collect();
+    let reload = app.live.last_reload().map(|r| {
+        let at =
+            r.at.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+        match r.result {
+            Ok(changes) => json!({"attempt": r.attempt, "at_unix": at, "ok": true, "changes": changes}),
+            Err(error) => json!({"attempt": r.attempt, "at_unix": at, "ok": false, "error": error}),
+        }
+    });
     let body = json!({
         "status": overall(&status, &missing),
         "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "reload": reload,
         "loaded": loaded,
         "checkpoints": checkpoints,
         "pools": status.pools.iter().map(pool_json).collect::<Vec<_>>(),

@@ -1,0 +1,196 @@
+//! Service-time estimates of one pool: how long a forward of a given shape takes on its workers,
+//! seeded from the workers' warm-up timings and following the measured device times.
+//!
+//! Estimates are kept per checkpoint × length band × rows band as an exponentially weighted moving
+//! average; a band never observed is interpolated from the warm-up shapes by token count.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use laya::routing::CheckpointName;
+
+/// Weight of a new observation in the moving average: recent enough to follow a device that got
+/// busier, smooth enough that one slow forward (a page fault, a preempted thread) does not swing it.
+const EWMA_WEIGHT: f64 = 0.2;
+
+/// Assumed cost of a shape when nothing is known yet (no warm-up reported): a typical short CPU
+/// forward, so an unmeasured pool is neither always nor never chosen.
+const UNKNOWN_MS: f64 = 50.0;
+
+/// Row lengths are banded so similar shapes share what was learnt.
+const LENGTH_BANDS: [usize; 12] = [16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096];
+
+/// A forward's shape: rows in the batch and the length every row is padded to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ForwardShape {
+    /// Rows in the forward.
+    pub rows: usize,
+    /// Tokens per row after padding.
+    pub padded_len: usize,
+}
+
+impl ForwardShape {
+    fn tokens(self) -> f64 {
+        (self.rows * self.padded_len) as f64
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Band {
+    checkpoint: CheckpointName,
+    length: usize,
+    rows: usize,
+}
+
+impl Band {
+    fn of(checkpoint: CheckpointName, shape: ForwardShape) -> Self {
+        let length = LENGTH_BANDS
+            .iter()
+            .copied()
+            .find(|&b| b >= shape.padded_len)
+            .unwrap_or(shape.padded_len.next_power_of_two());
+        Self {
+            checkpoint,
+            length,
+            rows: shape.rows.next_power_of_two(),
+        }
+    }
+}
+
+/// One warm-up measurement a worker reported in Describe.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmupPoint {
+    /// The checkpoint it ran.
+    pub checkpoint: CheckpointName,
+    /// Its shape.
+    pub shape: ForwardShape,
+    /// Steady-state time (median after the first run), in milliseconds.
+    pub steady_ms: f64,
+}
+
+/// The estimates of one pool.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceModel {
+    warmup: Vec<WarmupPoint>,
+    learnt: HashMap<Band, f64>,
+}
+
+impl ServiceModel {
+    /// Replaces the warm-up seed (a worker became ready); learnt averages are kept.
+    pub fn seed(&mut self, warmup: Vec<WarmupPoint>) {
+        if !warmup.is_empty() {
+            self.warmup = warmup;
+        }
+    }
+
+    /// Expected device time of a forward of `shape` on `checkpoint`.
+    pub fn estimate(&self, checkpoint: CheckpointName, shape: ForwardShape) -> Duration {
+        let ms = match self.learnt.get(&Band::of(checkpoint, shape)) {
+            Some(&ms) => ms,
+            None => self.scaled_warmup(checkpoint, shape),
+        };
+        Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+    }
+
+    /// Interpolated by token count between this checkpoint's warm-up shapes (proportionally beyond
+    /// the smallest or largest): a forward's cost grows with the tokens it pads to.
+    fn scaled_warmup(&self, checkpoint: CheckpointName, shape: ForwardShape) -> f64 {
+        let mut points: Vec<(f64, f64)> = self
+            .warmup
+            .iter()
+            .filter(|w| w.checkpoint == checkpoint && w.shape.tokens() > 0.0)
+            .map(|w| (w.shape.tokens(), w.steady_ms))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let wanted = shape.tokens();
+        let (Some(&first), Some(&last)) = (points.first(), points.last()) else {
+            return UNKNOWN_MS;
+        };
+        if wanted <= first.0 {
+            return first.1 * wanted / first.0;
+        }
+        if wanted >= last.0 {
+            return last.1 * wanted / last.0;
+        }
+        points.windows(2).find(|w| wanted <= w[1].0).map_or(last.1, |w| {
+            let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+            if x1 == x0 {
+                y1
+            } else {
+                y0 + (y1 - y0) * (wanted - x0) / (x1 - x0)
+            }
+        })
+    }
+
+    /// Folds a measured forward into the average of its band.
+    pub fn observe(&mut self, checkpoint: CheckpointName, shape: ForwardShape, device_time: Duration) {
+        let ms = device_time.as_secs_f64() * 1000.0;
+        let band = Band::of(checkpoint, shape);
+        let seed = self.scaled_warmup(checkpoint, shape);
+        let average = self.learnt.entry(band).or_insert(seed);
+        *average += EWMA_WEIGHT * (ms - *average);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENGLISH: CheckpointName = CheckpointName::English;
+
+    fn shape(rows: usize, padded_len: usize) -> ForwardShape {
+        ForwardShape { rows, padded_len }
+    }
+
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1000.0
+    }
+
+    #[test]
+    fn estimates_start_from_the_warmup_shapes_interpolated_by_tokens() {
+        let mut model = ServiceModel::default();
+        assert_eq!(ms(model.estimate(ENGLISH, shape(1, 64))), UNKNOWN_MS);
+        model.seed(vec![
+            WarmupPoint {
+                checkpoint: ENGLISH,
+                shape: shape(1, 64),
+                steady_ms: 10.0,
+            },
+            WarmupPoint {
+                checkpoint: ENGLISH,
+                shape: shape(1, 512),
+                steady_ms: 100.0,
+            },
+        ]);
+        assert!((ms(model.estimate(ENGLISH, shape(1, 64))) - 10.0).abs() < 1e-9);
+        assert!((ms(model.estimate(ENGLISH, shape(1, 32))) - 5.0).abs() < 1e-9);
+        // 128 tokens: a seventh of the way from 64 (10 ms) to 512 (100 ms).
+        assert!((ms(model.estimate(ENGLISH, shape(2, 64))) - (10.0 + 90.0 / 7.0)).abs() < 1e-9);
+        assert!((ms(model.estimate(ENGLISH, shape(2, 512))) - 200.0).abs() < 1e-9);
+        // Another checkpoint has no warm-up of its own.
+        assert_eq!(
+            ms(model.estimate(CheckpointName::Multilingual, shape(1, 64))),
+            UNKNOWN_MS
+        );
+    }
+
+    #[test]
+    fn observations_move_the_band_average_and_leave_other_bands_alone() {
+        let mut model = ServiceModel::default();
+        model.seed(vec![WarmupPoint {
+            checkpoint: ENGLISH,
+            shape: shape(1, 64),
+            steady_ms: 10.0,
+        }]);
+        for _ in 0..50 {
+            model.observe(ENGLISH, shape(1, 60), Duration::from_millis(30));
+        }
+        let learnt = ms(model.estimate(ENGLISH, shape(1, 64)));
+        assert!((learnt - 30.0).abs() < 0.01, "{learnt}");
+        // One outlier moves it by a fifth of the difference only.
+        model.observe(ENGLISH, shape(1, 64), Duration::from_millis(130));
+        assert!((ms(model.estimate(ENGLISH, shape(1, 64))) - 50.0).abs() < 0.01);
+        // 4 rows of 64 is another band: still the warm-up (proportional beyond its one shape).
+        assert!((ms(model.estimate(ENGLISH, shape(4, 64))) - 40.0).abs() < 1e-9);
+    }
+}

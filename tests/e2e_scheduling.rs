@@ -1,0 +1,430 @@
+//! Heterogeneous pools with real workers: shape routing with its recorded reason, spill from a
+//! saturated short pool, dynamic batching that does not change answers, and live reloads that add
+//! and remove workers under load or refuse a broken file.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use layad_system_tests::{Server, bin_dir, deliberate_difference, fixture_json, get, json_differences, post_json};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const SHORT_AND_GENERAL: &str = r#"
+[server]
+request_timeout = "60s"
+
+[[pool]]
+name = "general"
+device = "cpu"
+workers = 1
+threads = 1
+
+[[pool]]
+name = "short"
+device = "cpu"
+workers = 1
+threads = 1
+max_questions = 1
+max_tokens = 64
+"#;
+
+/// A request with one noul question whose state has `words` words.
+fn noul(words: usize) -> String {
+    let state = "please refund the order ".repeat(words);
+    serde_json::json!({"state": state.trim_end(), "questions": {"q": {"type": "noul", "instructions": "Is this a refund request?"}}})
+        .to_string()
+}
+
+/// The golden request with five questions.
+fn five_questions() -> String {
+    fixture_json("goldens/cases.json")["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == "multi_five_questions_mixed")
+        .and_then(|c| c["body"].as_str())
+        .expect("multi_five_questions_mixed")
+        .to_owned()
+}
+
+async fn decide(server: &Server, body: &str) -> Value {
+    let response = post_json(server.addr, "/v1/systemone", body.as_bytes())
+        .await
+        .expect("post");
+    assert_eq!(response.status, 200, "{}", response.text());
+    response.json()
+}
+
+async fn health(server: &Server) -> Value {
+    get(server.addr, "/health").await.expect("health").json()
+}
+
+/// Starts layad with `config` and waits until every worker of every pool is ready.
+async fn start_all_ready(config: &str) -> Server {
+    let mut server = Server::start(config, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let start = Instant::now();
+    while health(&server).await["status"] != "ok" {
+        assert!(start.elapsed() < Duration::from_secs(120), "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server
+}
+
+/// The pid of the first worker of `pool`.
+async fn worker_pid(server: &Server, pool: &str) -> i32 {
+    let health = health(server).await;
+    let pools = health["pools"].as_array().expect("pools");
+    let pool = pools.iter().find(|p| p["name"] == pool).expect("pool");
+    pool["workers"][0]["pid"].as_i64().expect("pid") as i32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_pool_their_shape_prefers_and_say_why() {
+    let server = start_all_ready(SHORT_AND_GENERAL).await;
+
+    let short = decide(&server, &noul(4)).await;
+    assert!(short["usage"]["input_tokens"].as_u64().expect("tokens") <= 64);
+    let block = &short["x_layad"];
+    assert_eq!(
+        (block["pool"].as_str(), block["route"].as_str()),
+        (Some("short"), Some("preferred")),
+        "{block}"
+    );
+    let reason = block["reason"].as_str().expect("reason");
+    assert!(
+        reason.contains("fits 'short'") && reason.contains("most specialised"),
+        "{reason}"
+    );
+    assert_eq!(block["device"], "cpu");
+    assert_eq!(block["batch_rows"], 1);
+
+    let multi = decide(&server, &five_questions()).await;
+    assert_eq!(multi["x_layad"]["pool"], "general", "{}", multi["x_layad"]);
+    assert_eq!(
+        multi["x_layad"]["reason"],
+        "'general' is the only pool that holds 5 questions of up to 64 tokens",
+    );
+
+    let long = decide(&server, &noul(30)).await;
+    assert!(long["usage"]["input_tokens"].as_u64().expect("tokens") > 64);
+    assert_eq!(long["x_layad"]["pool"], "general", "{}", long["x_layad"]);
+    assert!(
+        long["x_layad"]["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("only pool")
+    );
+
+    let health = health(&server).await;
+    let routed = |pool: usize| health["pools"][pool]["routed"].clone();
+    assert_eq!(routed(0)["preferred"], 2, "{health}");
+    assert_eq!(routed(1)["preferred"], 1, "{health}");
+    assert_eq!(health["pools"][1]["takes"]["max_questions"], 1);
+    let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+    assert!(
+        metrics.contains(r#"layad_routed_total{pool="short",route="preferred"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_short_pool_spills_and_nothing_lands_where_it_does_not_fit() {
+    let server = start_all_ready(SHORT_AND_GENERAL).await;
+    let server = Arc::new(server);
+    // Freeze the short pool's worker: what it holds cannot finish, so its backlog only grows.
+    let short_worker = Pid::from_raw(worker_pid(&server, "short").await);
+    kill(short_worker, Signal::SIGSTOP).expect("SIGSTOP");
+    let mut stuck = Vec::new();
+    let mut spilled = None;
+    for i in 0..8 {
+        let server = Arc::clone(&server);
+        let mut request = tokio::spawn(async move { decide(&server, &noul(2 + i % 3)).await });
+        // An answer within a second cannot have come from the frozen pool.
+        match tokio::time::timeout(Duration::from_secs(1), &mut request).await {
+            Ok(answer) => {
+                spilled = Some(answer.expect("task"));
+                break;
+            }
+            Err(_) => stuck.push(request),
+        }
+    }
+    let spilled = spilled.expect("a short request spilled once the short pool backed up");
+    let block = &spilled["x_layad"];
+    assert_eq!(
+        (block["pool"].as_str(), block["route"].as_str()),
+        (Some("general"), Some("spilled")),
+        "{block}"
+    );
+    assert!(
+        block["reason"]
+            .as_str()
+            .expect("reason")
+            .starts_with("spilled from 'short'"),
+        "{block}"
+    );
+    assert!(!stuck.is_empty(), "the first request waits on the frozen short pool");
+    // Multi-question and long requests still go to the general pool only.
+    let multi = decide(&server, &five_questions()).await;
+    assert_eq!(multi["x_layad"]["pool"], "general");
+    kill(short_worker, Signal::SIGCONT).expect("SIGCONT");
+    for request in stuck {
+        let answer = request.await.expect("task");
+        assert_eq!(
+            answer["x_layad"]["pool"], "short",
+            "queued work finishes where it was queued"
+        );
+    }
+    let health = health(&server).await;
+    assert!(
+        health["pools"][1]["routed"]["spilled_out"].as_u64() >= Some(1),
+        "{health}"
+    );
+    assert!(
+        health["pools"][0]["routed"]["spilled_in"].as_u64() >= Some(1),
+        "{health}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_answers_agree_with_upstream() {
+    let config = r#"
+[server]
+request_timeout = "60s"
+
+[[pool]]
+name = "batching"
+device = "cpu"
+workers = 1
+threads = 1
+batch_wait = "30ms"
+"#;
+    let mut server = Server::start(config, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let golden = fixture_json("goldens/cases.json");
+    let cases: Vec<(String, Value)> = golden["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| {
+            c["status"] == 200 && c["checkpoint"] == "english" && c["rows"].as_array().is_some_and(|r| !r.is_empty())
+        })
+        .filter(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|name| deliberate_difference(name).is_none())
+        })
+        .filter_map(|c| {
+            let response = serde_json::from_str(c["response"].as_str()?).ok()?;
+            Some((c["body"].as_str()?.to_owned(), response))
+        })
+        .collect();
+    assert!(cases.len() >= 20, "{} cases", cases.len());
+    let addr = server.addr;
+    let answers = futures_join(cases.iter().map(|(body, _)| {
+        let body = body.clone();
+        async move { post_json(addr, "/v1/systemone", body.as_bytes()).await.expect("post") }
+    }))
+    .await;
+    let mut batched = 0;
+    for ((_, upstream), response) in cases.iter().zip(answers) {
+        assert_eq!(response.status, 200, "{}", response.text());
+        let mut ours = response.json();
+        let block = ours.as_object_mut().and_then(|o| o.remove("x_layad")).expect("x_layad");
+        if block["batch_rows"].as_u64() > Some(1) {
+            batched += 1;
+        }
+        let problems = json_differences(&ours, upstream);
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+    assert!(batched > 0, "no request shared a forward pass");
+    let health = health(&server).await;
+    assert!(health["pools"][0]["batches"]["forwards"].as_u64() > Some(0), "{health}");
+}
+
+/// Runs the futures concurrently (one task each) and returns their outputs in order.
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.expect("task"));
+    }
+    out
+}
+
+fn one_pool(workers: u32) -> String {
+    format!(
+        r#"
+[server]
+request_timeout = "60s"
+
+[[pool]]
+name = "cpu"
+device = "cpu"
+workers = {workers}
+threads = 1
+"#
+    )
+}
+
+/// `layad reload --config FILE` against `server`: exit success and its output.
+fn layad_reload(server: &Server, config: &std::path::Path) -> (bool, String) {
+    let output = std::process::Command::new(bin_dir().join("layad"))
+        .args(["reload", "--config"])
+        .arg(config)
+        .env("LAYAD_SERVER__LISTEN", server.addr.to_string())
+        .output()
+        .expect("run layad reload");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Keeps sending requests until stopped; counts answers and failures.
+fn load(server: &Server, stop: Arc<AtomicBool>) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (addr, body) = (server.addr, five_questions());
+    let counters = (Arc::clone(&ok), Arc::clone(&failed));
+    let task = tokio::spawn(async move {
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let (stop, body, ok, failed) = (
+                Arc::clone(&stop),
+                body.clone(),
+                Arc::clone(&counters.0),
+                Arc::clone(&counters.1),
+            );
+            clients.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match post_json(addr, "/v1/systemone", body.as_bytes()).await {
+                        Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+        }
+        while clients.join_next().await.is_some() {}
+    });
+    (task, ok, failed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_broken_files() {
+    let mut server = Server::start(&one_pool(1), &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let config = server.dir.path().join("layad.toml");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (clients, ok, failed) = load(&server, Arc::clone(&stop));
+
+    // Scale up: the new worker is shown, but never as ready before its warm-up is reported.
+    std::fs::write(&config, one_pool(2)).expect("write config");
+    let (reloaded, output) = layad_reload(&server, &config);
+    assert!(reloaded, "{output}");
+    assert!(output.contains("pool cpu: 1 → 2 workers"), "{output}");
+    let start = Instant::now();
+    let mut seen_starting = false;
+    loop {
+        let health = health(&server).await;
+        let workers = health["pools"][0]["workers"].as_array().expect("workers").clone();
+        if let Some(new) = workers.iter().find(|w| w["id"] == "cpu/1") {
+            let warm = new["warmup"].as_array().is_some_and(|w| !w.is_empty());
+            match new["state"].as_str() {
+                Some("ready") => {
+                    assert!(warm, "ready before its warm-up was reported: {new}");
+                    break;
+                }
+                _ => {
+                    assert!(!warm, "{new}");
+                    seen_starting = true;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the new worker never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen_starting, "the new worker was listed while it started");
+
+    // Scale down under load: the removed worker drains; no request fails.
+    std::fs::write(&config, one_pool(1)).expect("write config");
+    kill(Pid::from_raw(server.pid() as i32), Signal::SIGHUP).expect("SIGHUP");
+    let start = Instant::now();
+    loop {
+        let health = health(&server).await;
+        if health["pools"][0]["workers"].as_array().map(Vec::len) == Some(1) {
+            assert_eq!(health["reload"]["ok"], true, "{health}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "worker cpu/1 never left: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served_before = ok.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        ok.load(Ordering::Relaxed) > served_before,
+        "still serving with one worker"
+    );
+
+    // Any other change replaces the pool: the new one warms up while the old one serves.
+    std::fs::write(
+        &config,
+        one_pool(1).replace("threads = 1", "threads = 1\nbatch_wait = \"1ms\""),
+    )
+    .expect("write");
+    let (reloaded, output) = layad_reload(&server, &config);
+    assert!(reloaded, "{output}");
+    assert!(output.contains("pool cpu: replaced"), "{output}");
+    let start = Instant::now();
+    loop {
+        let health = health(&server).await;
+        let pools = health["pools"].as_array().expect("pools");
+        if pools.len() == 1 && pools[0]["workers"][0]["state"] == "ready" {
+            break;
+        }
+        assert!(pools.len() <= 2, "{health}");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the old pool never left: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A broken file changes nothing and says why, both from `layad reload` and on SIGHUP.
+    std::fs::write(&config, format!("{}\nworkerz = 3\n", one_pool(3))).expect("write config");
+    let (reloaded, output) = layad_reload(&server, &config);
+    assert!(!reloaded, "{output}");
+    assert!(output.contains("workerz"), "{output}");
+    kill(Pid::from_raw(server.pid() as i32), Signal::SIGHUP).expect("SIGHUP");
+    let start = Instant::now();
+    let health = loop {
+        let health = health(&server).await;
+        if health["reload"]["ok"] == false {
+            break health;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        health["reload"]["error"].as_str().expect("error").contains("workerz"),
+        "{health}"
+    );
+    assert_eq!(health["pools"][0]["workers"].as_array().map(Vec::len), Some(1));
+
+    stop.store(true, Ordering::Relaxed);
+    clients.await.expect("clients");
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed during the reloads");
+}
