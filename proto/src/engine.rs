@@ -56,6 +56,50 @@ pub struct EngineInfo {
     pub length_buckets: Vec<u32>,
 }
 
+/// How an engine that runs a converted graph agreed with upstream's reference outputs on one
+/// checkpoint before it became ready (reported by Describe; see `worker.proto`'s `CheckpointParity`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParityReport {
+    /// Checkpoint name.
+    pub checkpoint: String,
+    /// What produced the outputs: executor, device, precision (`coreml ane f16`, `candle cpu f16`).
+    pub executor: String,
+    /// Reference rows compared.
+    pub rows: u32,
+    /// Reference rows no length bucket holds.
+    pub skipped_rows: u32,
+    /// Largest allowed |difference| of a calibrated option probability and of an act probability.
+    pub tolerance: f64,
+    /// Largest |difference| of a calibrated option probability.
+    pub max_probability_diff: f64,
+    /// Largest |difference| of an act probability.
+    pub max_act_probability_diff: f64,
+    /// Rows whose top option differs outside the near-tie margin (zero once the gate passed).
+    pub hard_mismatches: u32,
+    /// Reference rows whose top option differs inside the near-tie margin.
+    pub near_tie_flips: Vec<u32>,
+    /// Placement probe per length bucket, where the executor needs one.
+    pub placement: Vec<PlacementReport>,
+}
+
+/// Timing evidence that a bucket's graph runs on the accelerator, not quietly on the CPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementReport {
+    /// Length bucket.
+    pub bucket: u32,
+    /// Fastest of five predictions as configured, in milliseconds.
+    pub fastest_ms: f64,
+    /// Fastest of five predictions of the same artifact loaded CPU-only, in milliseconds.
+    pub cpu_only_fastest_ms: f64,
+}
+
+impl PlacementReport {
+    /// `fastest_ms / cpu_only_fastest_ms`.
+    pub fn ratio(&self) -> f64 {
+        self.fastest_ms / self.cpu_only_fastest_ms
+    }
+}
+
 /// Why a forward failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -74,4 +118,10 @@ pub trait Engine: Send + 'static {
 
     /// Runs `rows` on `checkpoint` in one batch and returns one output per row, in order.
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError>;
+
+    /// The parity gate the engine passed at load, per checkpoint; empty for engines that run the
+    /// reference model itself. Read once, after warm-up.
+    fn parity(&self) -> Vec<ParityReport> {
+        Vec::new()
+    }
 }

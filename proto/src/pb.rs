@@ -3,7 +3,7 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
-use crate::engine::{EngineOutput, EngineRow, LoadedCheckpoint};
+use crate::engine::{EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport};
 
 tonic::include_proto!("layad.worker.v1");
 
@@ -54,6 +54,43 @@ impl From<&LoadedCheckpoint> for Checkpoint {
             vocab_size: checkpoint.vocab_size,
             max_len: checkpoint.max_len,
         }
+    }
+}
+
+impl From<&PlacementReport> for PlacementProbe {
+    fn from(probe: &PlacementReport) -> Self {
+        PlacementProbe {
+            bucket: probe.bucket,
+            fastest_ms: probe.fastest_ms,
+            cpu_only_fastest_ms: probe.cpu_only_fastest_ms,
+            ratio: probe.ratio(),
+        }
+    }
+}
+
+impl From<&ParityReport> for CheckpointParity {
+    fn from(report: &ParityReport) -> Self {
+        CheckpointParity {
+            checkpoint: report.checkpoint.clone(),
+            executor: report.executor.clone(),
+            rows: report.rows,
+            skipped_rows: report.skipped_rows,
+            tolerance: report.tolerance,
+            max_probability_diff: report.max_probability_diff,
+            max_act_probability_diff: report.max_act_probability_diff,
+            hard_mismatches: report.hard_mismatches,
+            near_tie_flips: report.near_tie_flips.clone(),
+            placement: report.placement.iter().map(PlacementProbe::from).collect(),
+        }
+    }
+}
+
+impl ParityGate {
+    /// The gate of an engine's reports, or `None` when the engine ran none.
+    pub fn from_reports(reports: &[ParityReport]) -> Option<Self> {
+        (!reports.is_empty()).then(|| ParityGate {
+            checkpoints: reports.iter().map(CheckpointParity::from).collect(),
+        })
     }
 }
 

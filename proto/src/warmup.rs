@@ -89,11 +89,16 @@ pub(crate) fn plan(info: &EngineInfo, policy: &WarmupPolicy) -> Vec<WarmupShape>
             }
             singles
         } else {
-            buckets
-                .iter()
-                .filter(|&&b| b > 0 && b <= longest)
-                .map(|&b| shape("bucket", 1, b))
-                .collect()
+            // Every bucket a row of this checkpoint can land in: those up to its longest row, and the
+            // first one above it (rows longer than the bucket below pad to it), run at that longest row.
+            let mut singles = Vec::new();
+            for &bucket in buckets.iter().filter(|&&b| b > 0) {
+                singles.push(shape("bucket", 1, bucket.min(longest)));
+                if bucket >= longest {
+                    break;
+                }
+            }
+            singles
         };
         let multi_len = singles.first().map_or(longest, |s| s.tokens_per_row);
         let multi_rows = policy
@@ -225,7 +230,13 @@ mod tests {
     fn bucketed_engines_warm_every_bucket_that_fits() {
         let shapes = plan(&info(4, 8192, vec![128, 32, 64]), &WarmupPolicy::default());
         let english: Vec<_> = summary(&shapes).into_iter().filter(|s| s.0 == "english").collect();
-        let expected = [("bucket", 1, 32), ("bucket", 1, 64), ("multi-row", 4, 32)];
+        // english takes rows up to 96 tokens: those over 64 pad to 128, so 128 is warmed at 96 tokens.
+        let expected = [
+            ("bucket", 1, 32),
+            ("bucket", 1, 64),
+            ("bucket", 1, 96),
+            ("multi-row", 4, 32),
+        ];
         let expected: Vec<_> = expected
             .iter()
             .map(|&(s, r, t)| ("english".to_owned(), s, r, t))
@@ -238,6 +249,24 @@ mod tests {
                 .count(),
             3
         );
+    }
+
+    #[test]
+    fn single_row_bucketed_engines_get_one_row_per_bucket_and_no_multi_row_batch() {
+        let shapes = plan(&info(1, 128, vec![64, 96, 128, 256]), &WarmupPolicy::default());
+        let expected = [
+            ("english", "bucket", 1, 64),
+            ("english", "bucket", 1, 96),
+            ("multilingual", "bucket", 1, 64),
+            ("multilingual", "bucket", 1, 96),
+            ("multilingual", "bucket", 1, 128),
+        ];
+        let expected: Vec<_> = expected.iter().map(|&(c, s, r, t)| (c.to_owned(), s, r, t)).collect();
+        assert_eq!(summary(&shapes), expected);
+        let limits = crate::validation::ForwardLimits::from_info(&info(1, 128, vec![64, 96, 128, 256]));
+        for shape in &shapes {
+            assert_eq!(limits.check(&shape.checkpoint, &shape.rows()), Ok(()), "{shape:?}");
+        }
     }
 
     #[test]

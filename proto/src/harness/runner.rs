@@ -22,6 +22,8 @@ const QUEUE_DEPTH: usize = 32;
 pub(crate) struct Started {
     pub(crate) info: EngineInfo,
     pub(crate) warmup: Vec<pb::WarmupTiming>,
+    /// The engine's parity gate, if it ran one.
+    pub(crate) parity: Option<pb::ParityGate>,
 }
 
 /// The answer to one batch.
@@ -132,7 +134,8 @@ where
         shapes = warmup.len(),
         "warm-up done"
     );
-    Ok((engine, Started { info, warmup }))
+    let parity = pb::ParityGate::from_reports(&engine.parity());
+    Ok((engine, Started { info, warmup, parity }))
 }
 
 fn serve_batches<E: Engine>(

@@ -62,6 +62,7 @@ impl Shared {
             forwards_served: 0,
             forwards_in_flight: 0,
             failure: None,
+            parity_gate: started.parity,
         };
         Shared {
             status,

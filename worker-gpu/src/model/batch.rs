@@ -9,7 +9,7 @@ const PAD_ID: u32 = 0;
 
 /// Validated rows laid out as tensors; position `(row, t)` is flat index `row·len + t`.
 pub(crate) struct PaddedBatch {
-    /// Longest row; every row is padded to it.
+    /// Every row is padded to this: the longest row, or more when asked (fixed length buckets).
     pub(crate) len: usize,
     /// Real length of each row.
     pub(crate) lengths: Vec<usize>,
@@ -28,9 +28,10 @@ pub(crate) struct PaddedBatch {
 }
 
 impl PaddedBatch {
-    /// Lays out `rows` (already validated: non-empty, markers inside their row) on `device`.
-    pub(crate) fn new(rows: &[EngineRow], device: &Device) -> candle_core::Result<Self> {
-        let len = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+    /// Lays out `rows` (already validated: non-empty, markers inside their row) on `device`, padded
+    /// to the longest row or to `pad_to` if that is longer.
+    pub(crate) fn new(rows: &[EngineRow], pad_to: usize, device: &Device) -> candle_core::Result<Self> {
+        let len = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0).max(pad_to);
         let kmax = rows.iter().map(|r| r.markers.len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(rows.len() * len);
         let mut selected = Vec::with_capacity(rows.len() * (1 + kmax));
@@ -78,7 +79,7 @@ mod tests {
                 qtype: 2,
             },
         ];
-        let batch = PaddedBatch::new(&rows, &Device::Cpu)?;
+        let batch = PaddedBatch::new(&rows, 0, &Device::Cpu)?;
         assert_eq!((batch.rows(), batch.len, batch.kmax), (2, 3, 2));
         assert_eq!(batch.ids.to_vec1::<u32>()?, [5, 6, 7, 8, 0, 0]);
         assert_eq!(batch.selected.to_vec1::<u32>()?, [0, 1, 2, 3, 3, 3]);

@@ -156,6 +156,35 @@ impl DecisionHead {
         Ok(HeadOutput { logits, act_logits })
     }
 
+    /// The head as the Neural Engine graph contract runs it on one row padded to `len`: `hidden`
+    /// `[len, d]` (f32, the encoder output), `type_vector` `[d]`, `mask` an additive f32 mask that
+    /// broadcasts to `[1, heads, len(query), len(key)]`, `marker_map` `[len, slots]` one-hot (an unused
+    /// slot is a zero column, so it gathers a zero vector). Returns the scorer's logit for every slot
+    /// and the head output at position 0, both f32; the act head is left to the caller.
+    pub(crate) fn forward_graph(
+        &self,
+        hidden: &Tensor,
+        type_vector: &Tensor,
+        mask: &Tensor,
+        marker_map: &Tensor,
+    ) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+        let (len, d) = hidden.dims2()?;
+        let mut h = hidden.broadcast_add(&type_vector.to_dtype(DType::F32)?.reshape((1, d))?)?;
+        for layer in &self.layers {
+            h = self.layer_forward(layer, &h, (1, len), Some(mask), None)?;
+        }
+        // The gather as a product with the one-hot map, like the graph: exact, each sum has one term.
+        let options = marker_map.to_dtype(DType::F32)?.t()?.matmul(&h)?;
+        let scored = self.scorer_dense.forward(&self.scorer_norm.forward(&options)?)?;
+        let slot_logits = self
+            .scorer_out
+            .forward(&scored.gelu_erf()?)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let cls = h.narrow(0, 0, 1)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok((slot_logits, cls))
+    }
+
     /// One head layer on `x` `[rows·len, d]`. With `queries` (flat positions, the same number per
     /// row) only those positions are computed and returned, `[#queries, d]`.
     fn layer_forward(

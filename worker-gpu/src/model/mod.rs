@@ -5,15 +5,50 @@ pub(crate) mod batch;
 pub(crate) mod decision_head;
 pub(crate) mod modernbert;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
 use layad_proto::{EngineOutput, EngineRow};
 
 use crate::error::LoadError;
+use crate::layers::attention::SlidingPlan;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
-use modernbert::Encoder;
+use modernbert::{Encoder, ForwardMasks};
+
+/// Inputs of [`LayaModel::forward_graph`] for one row padded to `len`, on the model's device.
+pub struct GraphRowInputs<'a> {
+    /// `[len, hidden]` token-embedding rows before the embedding norm; padding rows are zero.
+    pub embeddings: &'a Tensor,
+    /// `[len(query), len(key)]` additive mask of full-attention layers and of the head layers.
+    pub full_mask: &'a Tensor,
+    /// `[len(query), len(key)]` additive mask of sliding-window layers (window and padding).
+    pub local_mask: &'a Tensor,
+    /// `[hidden]` the question type's row of `type_emb`.
+    pub type_vector: &'a Tensor,
+    /// `[len, slots]` one-hot: 1 at (marker position, slot); an unused slot is a zero column.
+    pub marker_map: &'a Tensor,
+}
+
+/// Outputs of [`LayaModel::forward_graph`], float32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphRowOutputs {
+    /// The scorer's logit for every slot (unused slots included; callers keep the first k).
+    pub slot_logits: Vec<f32>,
+    /// The head output at position 0, the act head's pooled input.
+    pub cls: Vec<f32>,
+}
+
+/// Upstream's act features from a row's slot logits (padded slots at −1e4) and its number of
+/// options: `[top1, top1 − top2, entropy / ln k, k / 255]` (spec §4.3 step 5), as the head computes them.
+pub fn act_features(slots: &[f32], options: usize) -> [f32; 4] {
+    decision_head::act_features(slots, options)
+}
+
+/// Float32 softmax, as the engine applies it to act logits.
+pub fn act_softmax(logits: &[f32]) -> Vec<f32> {
+    decision_head::softmax(logits)
+}
 
 /// A loaded decision model on one device, in one precision.
 pub struct LayaModel {
@@ -30,6 +65,18 @@ impl LayaModel {
     /// Builds the model described by `checkpoint`'s configs from its weights file, with matmul
     /// weights in `dtype`, on `device`. `name` only labels errors.
     pub fn load(name: &str, checkpoint: &Checkpoint, device: &Device, dtype: DType) -> Result<Self, LoadError> {
+        Self::load_with_positions(name, checkpoint, device, dtype, checkpoint.agent.max_len)
+    }
+
+    /// [`LayaModel::load`] with RoPE tables for at least `positions` positions, for callers that pad
+    /// rows beyond the checkpoint's `max_len` (a fixed length bucket larger than it).
+    pub fn load_with_positions(
+        name: &str,
+        checkpoint: &Checkpoint,
+        device: &Device,
+        dtype: DType,
+        positions: usize,
+    ) -> Result<Self, LoadError> {
         let config = &checkpoint.encoder;
         if config.biases {
             return Err(LoadError::Unsupported {
@@ -54,7 +101,7 @@ impl LayaModel {
         }
         let max_len = checkpoint.agent.max_len;
         let mut weights = Weights::read(&checkpoint.weights.path, device)?;
-        let encoder = Encoder::load(&mut weights, config, max_len, dtype)?;
+        let encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
         let head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
         weights.finish()?;
         Ok(Self {
@@ -66,12 +113,37 @@ impl LayaModel {
         })
     }
 
+    /// The in-graph part of the Neural Engine worker's `bc1s-masked` contract on one row padded to
+    /// `len`, from inputs the caller gathered and built itself: embedding norm, every encoder layer,
+    /// final norm, type vector, head layers, marker gather and scorer. Agrees with [`LayaModel::forward`]
+    /// on the real positions (the worker-ane tests compare the two).
+    pub fn forward_graph(&self, inputs: &GraphRowInputs<'_>) -> candle_core::Result<GraphRowOutputs> {
+        let (len, _) = inputs.embeddings.dims2()?;
+        let as_mask = |mask: &Tensor| mask.to_dtype(DType::F32)?.reshape((1, 1, len, len));
+        let full = as_mask(inputs.full_mask)?;
+        let masks = ForwardMasks {
+            key_padding: Some(full.clone()),
+            sliding: Some(SlidingPlan::Masked(as_mask(inputs.local_mask)?)),
+        };
+        let hidden = self.encoder.forward_embedded(inputs.embeddings, (1, len), &masks)?;
+        let (slot_logits, cls) = self
+            .head
+            .forward_graph(&hidden, inputs.type_vector, &full, inputs.marker_map)?;
+        Ok(GraphRowOutputs { slot_logits, cls })
+    }
+
     /// Runs `rows` as one right-padded batch. Rows must be valid for this model (see the engine).
     pub fn forward(&self, rows: &[EngineRow]) -> candle_core::Result<Vec<EngineOutput>> {
+        self.forward_padded(rows, 0)
+    }
+
+    /// Like [`LayaModel::forward`], every row padded to at least `pad_to` tokens (a length bucket);
+    /// padded positions are masked, so answers change only by float rounding.
+    pub fn forward_padded(&self, rows: &[EngineRow], pad_to: usize) -> candle_core::Result<Vec<EngineOutput>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let batch = PaddedBatch::new(rows, &self.device)?;
+        let batch = PaddedBatch::new(rows, pad_to, &self.device)?;
         let masks = self.encoder.masks(&batch.lengths, batch.len, &self.device)?;
         let hidden = self.encoder.forward(&batch.ids, (batch.rows(), batch.len), &masks)?;
         let out = self.head.forward(&hidden, &batch, masks.key_padding.as_ref())?;

@@ -151,7 +151,19 @@ impl Encoder {
         shape: (usize, usize),
         masks: &ForwardMasks,
     ) -> candle_core::Result<Tensor> {
-        let mut x = self.embed_norm.forward(&self.tok_embeddings.index_select(ids, 0)?)?;
+        self.forward_embedded(&self.tok_embeddings.index_select(ids, 0)?, shape, masks)
+    }
+
+    /// Token-embedding rows `[batch·len, hidden]` (before the embedding norm, any float dtype) to the
+    /// final hidden states `[batch·len, hidden]`, f32: the encoder after its gather, for callers that
+    /// gather on their own (the Neural Engine worker's graph contract).
+    pub(crate) fn forward_embedded(
+        &self,
+        embeddings: &Tensor,
+        shape: (usize, usize),
+        masks: &ForwardMasks,
+    ) -> candle_core::Result<Tensor> {
+        let mut x = self.embed_norm.forward(embeddings)?;
         for layer in &self.layers {
             x = self.layer_forward(layer, &x, shape, masks)?;
         }
