@@ -37,18 +37,27 @@ pub fn bin_dir() -> &'static Path {
         if dir.file_name().is_some_and(|n| n == "deps") {
             dir.pop();
         }
-        let missing = ["layad", "layad-worker-gpu"].iter().any(|b| !dir.join(b).is_file());
+        let missing = ["layad", "layad-worker-gpu", "layad-worker-ane"]
+            .iter()
+            .any(|b| !dir.join(b).is_file());
         if missing {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let mut build = Command::new(cargo);
-            build
-                .current_dir(repo_root())
-                .args(["build", "-p", "layad", "-p", "layad-worker-gpu", "--bins"]);
+            build.current_dir(repo_root()).args([
+                "build",
+                "-p",
+                "layad",
+                "-p",
+                "layad-worker-gpu",
+                "-p",
+                "layad-worker-ane",
+                "--bins",
+            ]);
             if dir.file_name().is_some_and(|n| n == "release") {
                 build.arg("--release");
             }
             let status = build.status().expect("run cargo build");
-            assert!(status.success(), "building layad and layad-worker-gpu failed");
+            assert!(status.success(), "building layad and the worker binaries failed");
         }
         dir
     })
@@ -218,6 +227,52 @@ pub async fn request(
     stream.read_to_end(&mut raw).await?;
     parse_response(&raw)
         .ok_or_else(|| std::io::Error::other(format!("malformed response: {}", String::from_utf8_lossy(&raw))))
+}
+
+/// The socket address of a base URL such as `http://127.0.0.1:8642` or `http://localhost:8642/`
+/// (plain HTTP only: the helpers here speak HTTP/1.1 without TLS).
+pub fn addr_of_url(url: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("'{url}': expected a plain http:// URL"))?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority
+        .to_socket_addrs()
+        .map_err(|e| format!("'{url}': {e}"))?
+        .next()
+        .ok_or_else(|| format!("'{url}': the host has no address"))
+}
+
+/// Polls `GET /readyz` on `addr` until it answers 200; false when `timeout` passes first.
+pub async fn wait_until_ready(addr: SocketAddr, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if get(addr, "/readyz").await.is_ok_and(|r| r.status == 200) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Nearest-rank percentile (`p` in 0..=1) of unsorted `values`; `None` when there are none.
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+/// The `dur` of `metric` in a `Server-Timing` header (`queue;dur=0.12, device;dur=31.2`), in ms.
+pub fn server_timing(header: Option<&str>, metric: &str) -> Option<f64> {
+    header?.split(',').find_map(|part| {
+        let rest = part.trim().strip_prefix(metric)?.strip_prefix(";dur=")?;
+        rest.split(';').next()?.trim().parse().ok()
+    })
 }
 
 fn parse_response(raw: &[u8]) -> Option<Response> {

@@ -82,6 +82,26 @@ impl ModelSpec {
         }
     }
 
+    /// A small ModernBERT (8 layers of width 384, not a published size) whose short forward takes
+    /// tens of milliseconds on one core: the scheduling benchmark's model, where queueing, not one
+    /// forward, dominates latency. The vocabulary covers the fixture tokenizer it borrows.
+    pub(crate) fn modernbert_mini() -> Self {
+        Self {
+            name: "modernbert-mini",
+            encoder_id: "answerdotai/ModernBERT-base",
+            hidden: 384,
+            intermediate: 576,
+            layers: 8,
+            heads: 6,
+            vocab: 1024,
+            local_attention: 128,
+            global_every: 3,
+            global_theta: 160_000.0,
+            local_theta: 10_000.0,
+            fixture: laya::routing::CheckpointName::English,
+        }
+    }
+
     fn layer_is_global(&self, i: usize) -> bool {
         i.is_multiple_of(self.global_every)
     }

@@ -1,6 +1,6 @@
 //! `layad-bench`: forward latency of the candle engine on random-weight checkpoints of the published
-//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run (shape by
-//! shape, engine after engine).
+//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run (engine
+//! after engine, each over every shape).
 //!
 //! Prints a markdown table (the one in `docs/benchmarks.md`) and writes every number, with the
 //! machine's measured f32 GEMM peak and an output parity check against upstream, as JSON.
@@ -28,7 +28,7 @@ struct Args {
     /// Where the random checkpoints (reused across runs) and the JSON result go.
     #[arg(long, default_value = "target/bench")]
     out_dir: PathBuf,
-    /// Models to run: modernbert-large, mmbert-base.
+    /// Models to run: modernbert-large, mmbert-base, modernbert-mini (the scheduling benchmark's).
     #[arg(long, value_delimiter = ',', default_value = "modernbert-large,mmbert-base")]
     models: Vec<String>,
     /// Vocabulary of the mmBERT-base checkpoint (the published one has 256000).
@@ -64,8 +64,8 @@ struct Args {
     /// Fixture Hugging Face cache lending tokenizers and config templates.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
-    /// Idle milliseconds before each engine's turn on a shape, so the previous engine's threads
-    /// have stopped spinning.
+    /// Idle milliseconds before each engine's turn on a shape, so threads of what ran before have
+    /// stopped spinning.
     #[arg(long, default_value_t = 300)]
     gap_ms: u64,
     /// Where the JSON result goes (default: `<out-dir>/model_forward.json`).
@@ -185,14 +185,35 @@ fn run(args: &Args) -> Result<(), String> {
         let spec = match model.as_str() {
             "modernbert-large" => ModelSpec::modernbert_large(),
             "mmbert-base" => ModelSpec::mmbert_base(args.mmbert_vocab),
+            "modernbert-mini" => ModelSpec::modernbert_mini(),
             other => {
                 return Err(format!(
-                    "unknown model '{other}'; expected modernbert-large or mmbert-base"
+                    "unknown model '{other}'; expected modernbert-large, mmbert-base or modernbert-mini"
                 ));
             }
         };
         let dir = checkpoint::ensure_checkpoint(&spec, &args.out_dir, &args.fixture_cache)?;
-        let mut engines = Vec::with_capacity(precisions.len());
+        let shapes: Vec<(usize, usize)> = args
+            .lengths
+            .iter()
+            .flat_map(|&l| args.rows.iter().map(move |&r| (l, r)))
+            .collect();
+        let gap = std::time::Duration::from_millis(args.gap_ms);
+        let keep_going = |n: usize, start: Instant| {
+            n < args.min_runs || (n < args.max_runs && start.elapsed().as_secs_f64() < args.budget_s)
+        };
+        let new_cell = |engine: String, (length, rows): (usize, usize)| Cell {
+            model: spec.name,
+            engine,
+            length,
+            rows,
+            times_ms: Vec::new(),
+            flops: spec.forward_flops(length, rows),
+        };
+        // One engine at a time, loaded alone, as a worker runs one: sharing the process with the
+        // bf16 engine (whose CPU matmuls allocate f32 copies of the weights) slowed f32 forwards by
+        // up to 30%, and alternating with torch forward by forward by 8-15%.
+        let mut candle_f32 = Vec::new();
         for &precision in &precisions {
             let options = EngineOptions {
                 device: DeviceRequest::Cpu,
@@ -200,87 +221,58 @@ fn run(args: &Args) -> Result<(), String> {
                 threads: Some(args.threads),
                 max_rows: 64,
                 max_batch_tokens: 1 << 20,
+                length_buckets: Vec::new(),
             };
-            let engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
+            let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
                 .map_err(|e| e.to_string())?;
-            engines.push((precision, engine));
+            for &shape in &shapes {
+                let inputs = bench_rows(shape.0, shape.1, spec.vocab);
+                let mut cell = new_cell(format!("candle {precision}"), shape);
+                // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
+                std::thread::sleep(gap);
+                let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
+                if precision == Precision::F32 {
+                    candle_f32.push((shape, warm));
+                }
+                let start = Instant::now();
+                while keep_going(cell.times_ms.len(), start) {
+                    let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
+                    out.map_err(|e| e.to_string())?;
+                    cell.times_ms.push(ms);
+                }
+                report(&cell);
+                cells.push(cell);
+            }
         }
-        let mut upstream = if args.python == "none" {
-            None
-        } else {
-            let session = UpstreamSession::start(&args.python, &args.torch_script, &dir, args.threads)?;
+        if args.python != "none" {
+            let mut session = UpstreamSession::start(&args.python, &args.torch_script, &dir, args.threads)?;
             upstream_meta.push(json!({"model": spec.name, "torch": session.torch, "threads": session.threads}));
-            Some(session)
-        };
-        for &length in &args.lengths {
-            for &rows in &args.rows {
-                let inputs = bench_rows(length, rows, spec.vocab);
-                let flops = spec.forward_flops(length, rows);
-                let mut shape_cells: Vec<Cell> = engines
-                    .iter()
-                    .map(|(p, _)| format!("candle {p}"))
-                    .chain(upstream.as_ref().map(|_| "torch f32".to_owned()))
-                    .map(|engine| Cell {
-                        model: spec.name,
-                        engine,
-                        length,
-                        rows,
-                        times_ms: Vec::new(),
-                        flops,
-                    })
-                    .collect();
-                // Engine by engine, as a worker serves one: after an idle gap, one untimed warm-up
-                // forward (its outputs feed the parity check), then timed forwards back to back.
-                // Alternating engines forward by forward measured candle 8-15% slower than alone.
-                let gap = std::time::Duration::from_millis(args.gap_ms);
-                let keep_going = |n: usize, start: Instant| {
-                    n < args.min_runs || (n < args.max_runs && start.elapsed().as_secs_f64() < args.budget_s)
-                };
-                let mut candle_f32 = None;
-                for ((precision, engine), cell) in engines.iter_mut().zip(&mut shape_cells) {
-                    std::thread::sleep(gap);
-                    let out = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
-                    if *precision == Precision::F32 {
-                        candle_f32 = Some(out);
-                    }
-                    let start = Instant::now();
-                    while keep_going(cell.times_ms.len(), start) {
-                        let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
-                        out.map_err(|e| e.to_string())?;
-                        cell.times_ms.push(ms);
-                    }
+            for &shape in &shapes {
+                let mut cell = new_cell("torch f32".to_owned(), shape);
+                std::thread::sleep(gap);
+                let reply = session.forward(shape.0, shape.1, 1, true)?;
+                if let Some((_, ours)) = candle_f32.iter().find(|(s, _)| *s == shape) {
+                    let logits: Vec<Vec<f32>> = ours.iter().map(|o| o.logits.clone()).collect();
+                    let act: Vec<Vec<f32>> = ours.iter().map(|o| o.act_probabilities.clone()).collect();
+                    parity.push(json!({
+                        "model": spec.name, "length": shape.0, "rows": shape.1,
+                        "max_abs_logit_diff": max_abs_diff(&logits, &reply.logits),
+                        "max_abs_act_probability_diff": max_abs_diff(&act, &reply.act_probabilities),
+                    }));
                 }
-                if let (Some(session), Some(cell)) = (upstream.as_mut(), shape_cells.last_mut()) {
-                    std::thread::sleep(gap);
-                    let reply = session.forward(length, rows, 1, true)?;
-                    if let Some(ours) = &candle_f32 {
-                        let logits: Vec<Vec<f32>> = ours.iter().map(|o| o.logits.clone()).collect();
-                        let act: Vec<Vec<f32>> = ours.iter().map(|o| o.act_probabilities.clone()).collect();
-                        parity.push(json!({
-                            "model": spec.name, "length": length, "rows": rows,
-                            "max_abs_logit_diff": max_abs_diff(&logits, &reply.logits),
-                            "max_abs_act_probability_diff": max_abs_diff(&act, &reply.act_probabilities),
-                        }));
-                    }
-                    let start = Instant::now();
-                    while keep_going(cell.times_ms.len(), start) {
-                        cell.times_ms.extend(session.forward(length, rows, 1, false)?.times_ms);
-                    }
+                let start = Instant::now();
+                while keep_going(cell.times_ms.len(), start) {
+                    cell.times_ms
+                        .extend(session.forward(shape.0, shape.1, 1, false)?.times_ms);
                 }
-                for cell in &shape_cells {
-                    eprintln!(
-                        "{} {} {length}x{rows}: p50 {:.1} ms over {} runs",
-                        cell.model,
-                        cell.engine,
-                        cell.percentile(0.5),
-                        cell.times_ms.len()
-                    );
-                }
-                cells.extend(shape_cells);
+                report(&cell);
+                cells.push(cell);
             }
         }
     }
     let load_after = load_average();
+    // Shape by shape for reading; the stable sort keeps engines in measuring order.
+    cells.sort_by_key(|c| (args.models.iter().position(|m| m == c.model), c.length, c.rows));
     print_table(&cells, peak);
     for p in &parity {
         eprintln!("parity vs upstream f32: {p}");
@@ -315,6 +307,18 @@ fn run(args: &Args) -> Result<(), String> {
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+fn report(cell: &Cell) {
+    eprintln!(
+        "{} {} {}x{}: p50 {:.1} ms over {} runs",
+        cell.model,
+        cell.engine,
+        cell.length,
+        cell.rows,
+        cell.percentile(0.5),
+        cell.times_ms.len()
+    );
 }
 
 /// Upstream's p50 for the same model and shape, if it ran.
