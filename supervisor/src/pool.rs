@@ -28,6 +28,9 @@ use crate::estimate::{ForwardShape, ServiceModel, WarmupPoint};
 /// How many times a job may be started on a worker: once, plus one retry after a worker death.
 const MAX_ATTEMPTS: u32 = 2;
 
+/// Most padding a batch may add, as a share of the tokens its jobs would run alone.
+const MAX_PADDING: f64 = 0.25;
+
 /// A job's own shape: what decides which pools can hold it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobShape {
@@ -487,7 +490,9 @@ impl Pool {
             .position(|q| checkpoints.contains(&q.job.checkpoint))?;
         let (checkpoint, solo) = (state.queue[first].job.checkpoint, state.queue[first].solo);
         let mut members = vec![first];
-        let (mut rows, mut padded_len) = (state.queue[first].forward.rows, state.queue[first].forward.padded_len);
+        let own = |f: ForwardShape| f.rows * f.padded_len;
+        let head = state.queue[first].forward;
+        let (mut rows, mut padded_len, mut needed) = (head.rows, head.padded_len, own(head));
         if !solo && limits.max_rows > 1 {
             for (pos, q) in state.queue.iter().enumerate().skip(first + 1) {
                 if q.job.checkpoint != checkpoint || q.solo {
@@ -495,9 +500,13 @@ impl Pool {
                 }
                 let len = padded_len.max(q.forward.padded_len);
                 let total = rows + q.forward.rows;
-                if total <= limits.max_rows && total * len <= limits.max_batch_tokens {
+                // Every row runs at the batch's length: padding short rows to a long one costs more
+                // than running them apart (a CPU forward's time grows with its tokens), so a job joins
+                // only while the batch stays within MAX_PADDING of the tokens its jobs need alone.
+                let within_padding = (total * len) as f64 <= (needed + own(q.forward)) as f64 * (1.0 + MAX_PADDING);
+                if total <= limits.max_rows && total * len <= limits.max_batch_tokens && within_padding {
                     members.push(pos);
-                    (rows, padded_len) = (total, len);
+                    (rows, padded_len, needed) = (total, len, needed + own(q.forward));
                 }
             }
         }
@@ -785,6 +794,68 @@ mod tests {
         let caps = Capabilities::from_config(&config);
         assert!(caps.holds(shape(3, 65)).is_err());
         assert!(caps.holds(shape(3, 64)).is_ok());
+    }
+
+    /// A queued job of one row per entry of `lengths`.
+    fn queued(checkpoint: CheckpointName, lengths: &[usize]) -> Queued {
+        let rows: Vec<Row> = lengths
+            .iter()
+            .map(|&len| Row {
+                ids: vec![1; len],
+                markers: vec![0],
+                qtype: laya::question::QuestionType::Noul,
+            })
+            .collect();
+        let shape = JobShape::of(&rows);
+        Queued {
+            forward: ForwardShape {
+                rows: shape.questions,
+                padded_len: shape.longest,
+            },
+            job: Job {
+                request_id: format!("{lengths:?}"),
+                checkpoint,
+                rows,
+                deadline: Instant::now() + Duration::from_secs(60),
+            },
+            estimate: Duration::ZERO,
+            enqueued: Instant::now(),
+            attempts: 0,
+            solo: false,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn batches_take_same_checkpoint_jobs_of_similar_length_only() {
+        let pool = Pool::new(PoolConfig::named("general"), CheckpointName::ALL.to_vec());
+        let english = CheckpointName::English;
+        let mut state = State::default();
+        for job in [
+            queued(english, &[60]),
+            queued(CheckpointName::Multilingual, &[60]),
+            queued(english, &[384]),
+            queued(english, &[64, 50]),
+            queued(english, &[70]),
+        ] {
+            state.queue.push_back(job);
+        }
+        let limits = Capabilities::from_config(pool.config());
+        let batch = pool
+            .take_batch(&mut state, &CheckpointName::ALL, &limits)
+            .expect("a batch");
+        let ids: Vec<&str> = batch.iter().map(|q| q.job.request_id.as_str()).collect();
+        // 384 tokens would pad the others sixfold; 70 pads 4 rows of <= 64 by less than a quarter.
+        assert_eq!(ids, ["[60]", "[64, 50]", "[70]"]);
+        let left: Vec<&str> = state.queue.iter().map(|q| q.job.request_id.as_str()).collect();
+        assert_eq!(left, ["[60]", "[384]"], "the rest keeps its order");
+        // One row per forward: no batching.
+        let mut one_row = limits.clone();
+        one_row.max_rows = 1;
+        let batch = pool
+            .take_batch(&mut state, &CheckpointName::ALL, &one_row)
+            .expect("a batch");
+        assert_eq!(batch.len(), 1);
     }
 
     #[test]
