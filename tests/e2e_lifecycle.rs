@@ -5,7 +5,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use layad_system_tests::{Server, bin_dir, fixture_hf_home, fixture_json, get, post_json};
+use layad_system_tests::goldens::golden_body;
+use layad_system_tests::{Server, bin_dir, fixture_hf_home, get, post_json};
 
 const ONE_CPU_POOL: &str = r#"
 [[pool]]
@@ -16,15 +17,7 @@ threads = 1
 "#;
 
 fn small_request() -> String {
-    let golden = fixture_json("goldens/cases.json");
-    golden["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .find(|c| c["name"] == "multi_five_questions_mixed")
-        .and_then(|c| c["body"].as_str())
-        .expect("multi_five_questions_mixed")
-        .to_owned()
+    golden_body("multi_five_questions_mixed")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

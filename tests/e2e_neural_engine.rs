@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use layad_system_tests::goldens::fixtures_dir;
+use layad_system_tests::goldens::{fixtures_dir, golden_body};
 use layad_system_tests::{Server, fixture_json, get, post_json};
 use serde_json::Value;
 
@@ -116,14 +116,7 @@ async fn short_single_questions_run_on_the_neural_engine_pool_within_the_gate() 
         }
     }
     // More than one question never goes to the one-row pool.
-    let multi = fixture_json("goldens/cases.json")["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .find(|c| c["name"] == "multi_five_questions_mixed")
-        .and_then(|c| c["body"].as_str())
-        .expect("multi")
-        .to_owned();
+    let multi = golden_body("multi_five_questions_mixed");
     let answer = post_json(server.addr, "/v1/systemone", multi.as_bytes())
         .await
         .expect("post")

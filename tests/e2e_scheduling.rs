@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use layad_system_tests::goldens::golden_body;
 use layad_system_tests::{Server, bin_dir, deliberate_difference, fixture_json, get, json_differences, post_json};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -39,14 +40,7 @@ fn noul(words: usize) -> String {
 
 /// The golden request with five questions.
 fn five_questions() -> String {
-    fixture_json("goldens/cases.json")["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .find(|c| c["name"] == "multi_five_questions_mixed")
-        .and_then(|c| c["body"].as_str())
-        .expect("multi_five_questions_mixed")
-        .to_owned()
+    golden_body("multi_five_questions_mixed")
 }
 
 async fn decide(server: &Server, body: &str) -> Value {

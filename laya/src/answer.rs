@@ -68,8 +68,8 @@ fn entropy_confidence(p: &[f32]) -> f64 {
     f64::from(c.clamp(0.0, 1.0))
 }
 
-/// The first index holding the maximum (numpy's `argmax`).
-fn first_argmax(p: &[f32]) -> usize {
+/// The first index holding the maximum (numpy's `argmax`): the option upstream answers with.
+pub fn first_argmax(p: &[f32]) -> usize {
     let mut best = 0;
     for (i, x) in p.iter().enumerate() {
         if *x > p[best] {

@@ -60,6 +60,18 @@ pub fn json_differences(ours: &Value, theirs: &Value) -> Vec<String> {
     problems
 }
 
+/// The request body of the golden case `name` (one of `goldens/cases.json`).
+pub fn golden_body(name: &str) -> String {
+    fixture_json("goldens/cases.json")["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["body"].as_str())
+        .unwrap_or_else(|| panic!("no golden case {name} with a body"))
+        .to_owned()
+}
+
 /// Standard base64 (the fixtures' `body_base64`).
 pub fn base64_decode(text: &str) -> Vec<u8> {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -6,7 +6,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,6 +61,27 @@ pub fn bin_dir() -> &'static Path {
         }
         dir
     })
+}
+
+/// Everything `child` writes to its piped stderr, collected by a thread as it arrives (a worker that
+/// fails to start says why there).
+pub fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    if let Some(mut pipe) = child.stderr.take() {
+        let sink = Arc::clone(&text);
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut pipe, &mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+    }
+    text
 }
 
 /// A free loopback port (bound and released; good enough for tests on one machine).

@@ -4,7 +4,7 @@
 //! The rule is laya-apple's, fixed before measuring: |Δ| ≤ 0.02 everywhere, no hard mismatch (top
 //! option differs although upstream's top-1/top-2 margin is ≥ 0.04), near-tie flips listed, all finite.
 
-use laya::answer::calibrated_probabilities;
+use laya::answer::{calibrated_probabilities, first_argmax};
 use laya::config::Temperatures;
 use laya::question::QuestionType;
 use layad_proto::EngineOutput;
@@ -73,17 +73,6 @@ pub fn compare(ours: &EngineOutput, upstream_logits: &[f32], upstream_act: &[f32
         upstream_margin,
         finite,
     }
-}
-
-/// numpy's `argmax`: the first index holding the maximum.
-fn first_argmax(p: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, x) in p.iter().enumerate() {
-        if *x > p[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// The temperature upstream applies to a row of this type and option count.

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -13,6 +12,7 @@ use std::time::{Duration, Instant};
 use laya::answer::calibrated_probabilities;
 use layad_proto::pb::WorkerState;
 use layad_proto::{ClientError, EXIT_DEVICE_UNAVAILABLE, EngineRow, WorkerClient};
+use layad_system_tests::capture_stderr;
 use layad_system_tests::goldens::golden_forwards;
 
 /// A worker process, killed when the test ends.
@@ -53,20 +53,7 @@ impl Worker {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the worker");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buffer) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .expect("stderr")
-                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        });
+        let stderr = capture_stderr(&mut child);
         Worker {
             child,
             socket,

@@ -2,8 +2,8 @@
 //! checkpoints and driven over its Unix socket with `layad_proto`'s client — readiness, upstream
 //! parity over gRPC, refused input, SIGTERM mid-forward, parent death, device fallback.
 
+use layad_system_tests::capture_stderr;
 use layad_system_tests::goldens::golden_forwards;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -84,20 +84,7 @@ impl Worker {
 
     fn spawned(mut command: Command, socket: PathBuf, dir: tempfile::TempDir) -> Worker {
         let mut child = command.spawn().expect("spawn the worker");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buffer) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .expect("stderr")
-                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        });
+        let stderr = capture_stderr(&mut child);
         Worker {
             child,
             socket,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use layad_system_tests::{Server, get, post_json};
+use layad_system_tests::{Server, get, percentile, post_json, server_timing};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -78,18 +78,6 @@ async fn body_of_about_64_tokens(addr: std::net::SocketAddr) -> (String, u64) {
         }
         words += 1;
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn server_timing(header: Option<&str>, metric: &str) -> Option<f64> {
-    header?.split(',').find_map(|part| {
-        let part = part.trim();
-        let rest = part.strip_prefix(metric)?.strip_prefix(";dur=")?;
-        rest.split(';').next()?.parse().ok()
-    })
 }
 
 /// Answers per second with `clients` clients for `seconds`.
@@ -169,8 +157,6 @@ async fn main() {
         latencies.push(latency);
         overheads.push(latency - device);
     }
-    latencies.sort_by(f64::total_cmp);
-    overheads.sort_by(f64::total_cmp);
     let mut layad_rps = Vec::new();
     for &c in &args.concurrency {
         layad_rps.push(throughput(server.addr, Arc::clone(&body), c, args.seconds).await);
@@ -198,6 +184,7 @@ async fn main() {
         "row: {tokens} tokens, 1 noul question, checkpoint {}",
         args.checkpoint.display()
     );
+    let percentile = |values: &[f64], p: f64| percentile(values, p).unwrap_or(f64::NAN);
     println!(
         "supervisor overhead at concurrency 1 over {} requests: p50 {:.3} ms, p99 {:.3} ms (latency p50 {:.1} ms)",
         args.requests,
