@@ -93,6 +93,19 @@ async fn short_single_questions_run_on_the_neural_engine_pool_within_the_gate() 
     assert_eq!(ane["takes"]["max_questions"], 1, "{ane}");
     assert_eq!(ane["takes"]["buckets"], serde_json::json!([64, 96, 128]), "{ane}");
     assert_eq!(ane["workers"][0]["dtype"], "f16");
+    // The gate it passed before joining, per checkpoint, as it told Describe.
+    let gates = ane["workers"][0]["parity_gate"]
+        .as_array()
+        .expect("parity_gate")
+        .clone();
+    let checkpoints: Vec<&str> = gates.iter().filter_map(|g| g["checkpoint"].as_str()).collect();
+    assert_eq!(checkpoints, ["english", "multilingual"], "{ane}");
+    for gate in &gates {
+        assert_eq!(gate["hard_mismatches"], 0, "{gate}");
+        assert!(gate["max_probability_diff"].as_f64() <= Some(0.02), "{gate}");
+        assert!(gate["rows"].as_u64() > Some(0), "{gate}");
+    }
+    assert_eq!(health["pools"][0]["workers"][0]["parity_gate"], serde_json::json!([]));
 
     let cases = short_cases();
     assert!(cases.len() >= 8, "{} cases", cases.len());

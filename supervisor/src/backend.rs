@@ -183,6 +183,9 @@ pub struct WorkerStatus {
     /// Its warm-up, as reported when it became ready: (checkpoint, shape, rows, tokens per row,
     /// steady milliseconds). Empty until then.
     pub warmup: Vec<WarmupReport>,
+    /// The parity gate it passed before it became ready, per checkpoint (workers that run a
+    /// converted graph, such as `layad-worker-ane`); empty otherwise.
+    pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
 }
 
 /// One warm-up shape a worker ran before it became ready.
@@ -292,6 +295,7 @@ mod tests {
             last_error: None,
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
+            parity_gate: Vec::new(),
         }
     }
 

@@ -438,6 +438,21 @@ fn check(args: CheckArgs) -> ExitCode {
             pool.threads,
             names.join(", ")
         );
+        let takes = crate::backend::Capabilities::from_config(pool);
+        println!(
+            "  takes     {}{}{}",
+            takes.describe(),
+            if takes.buckets.is_empty() {
+                String::new()
+            } else {
+                format!(", buckets {:?}", takes.buckets)
+            },
+            if takes.max_rows > 1 {
+                format!(", batches up to {} rows", takes.max_rows)
+            } else {
+                String::new()
+            }
+        );
         // Reported, not failed: a missing worker binary is a build step, not a config mistake.
         match &binary_dir {
             Ok(dir) => {

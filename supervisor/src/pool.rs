@@ -397,6 +397,7 @@ impl Pool {
             last_error: None,
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
+            parity_gate: Vec::new(),
         });
         update(report);
     }

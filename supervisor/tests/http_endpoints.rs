@@ -380,7 +380,8 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "last_exit",
             "last_error",
             "stderr_tail",
-            "warmup"
+            "warmup",
+            "parity_gate"
         ]
     );
     assert_eq!(

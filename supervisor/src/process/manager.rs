@@ -305,6 +305,7 @@ async fn run_once(
             })
             .collect();
         w.warmup = warmup_reports(&info);
+        w.parity_gate = info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default();
     });
     if info.device_mismatch {
         tracing::warn!(worker = %format!("{}/{index}", pool.config().name), requested = %info.requested_device, device = %info.device, "worker runs on another device than configured");

@@ -169,6 +169,7 @@ impl Backend for GoldenBackend {
             last_error: None,
             stderr_tail: vec!["worker: bye".into()],
             warmup: Vec::new(),
+            parity_gate: Vec::new(),
         };
         BackendStatus {
             pools: vec![PoolStatus {

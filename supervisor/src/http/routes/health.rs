@@ -9,6 +9,8 @@ use axum::response::Response;
 use laya::routing::CheckpointName;
 use serde_json::{Map, Value, json};
 
+use layad_proto::pb::CheckpointParity;
+
 use crate::backend::{BackendStatus, PoolStatus, WorkerState, WorkerStatus};
 use crate::http::json_response;
 use crate::http::server::App;
@@ -81,6 +83,28 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         "last_error": worker.last_error,
         "stderr_tail": worker.stderr_tail,
         "warmup": warmup,
+        "parity_gate": worker.parity_gate.iter().map(parity_json).collect::<Vec<_>>(),
+    })
+}
+
+/// How a worker's converted graphs agreed with upstream before it became ready.
+fn parity_json(gate: &CheckpointParity) -> Value {
+    let placement: Vec<Value> = gate
+        .placement
+        .iter()
+        .map(|p| json!({"bucket": p.bucket, "fastest_ms": p.fastest_ms, "cpu_only_fastest_ms": p.cpu_only_fastest_ms, "ratio": p.ratio}))
+        .collect();
+    json!({
+        "checkpoint": gate.checkpoint,
+        "executor": gate.executor,
+        "rows": gate.rows,
+        "skipped_rows": gate.skipped_rows,
+        "tolerance": gate.tolerance,
+        "max_probability_diff": gate.max_probability_diff,
+        "max_act_probability_diff": gate.max_act_probability_diff,
+        "hard_mismatches": gate.hard_mismatches,
+        "near_tie_flips": gate.near_tie_flips,
+        "placement": placement,
     })
 }
 
