@@ -453,6 +453,14 @@ fn check(args: CheckArgs) -> ExitCode {
                 String::new()
             }
         );
+        if pool.worker == layad_config::WorkerKind::Ane
+            && pool.executor == layad_config::AneExecutor::Coreml
+            && !cfg!(target_os = "macos")
+        {
+            println!(
+                "  warning   Core ML exists only on macOS: this pool will be reported unavailable and its requests served by the other pools"
+            );
+        }
         // Reported, not failed: a missing worker binary is a build step, not a config mistake.
         match &binary_dir {
             Ok(dir) => {
