@@ -3,7 +3,10 @@
 //! them) on the three fixture checkpoints, in f32, bf16 and f16; and padded mixed batches against
 //! single rows.
 
-use layad_system_tests::goldens::golden_forwards;
+mod common;
+
+use common::{GoldenRow, golden_cases};
+
 use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
@@ -39,47 +42,11 @@ fn engine_with_buckets(precision: Precision, length_buckets: Vec<u32>) -> Candle
     CandleEngine::load(&checkpoints, options).expect("load fixture checkpoints")
 }
 
-struct GoldenRow {
-    row: EngineRow,
-    logits: Vec<f32>,
-    act_probabilities: Vec<f32>,
-}
-
-struct Case {
-    name: String,
-    checkpoint: String,
-    rows: Vec<GoldenRow>,
-}
-
 fn softmax(x: &[f32]) -> Vec<f32> {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
     let sum: f32 = exps.iter().sum();
     exps.iter().map(|e| e / sum).collect()
-}
-
-/// The shared golden forwards, with rows as the engine takes them.
-fn golden_cases() -> Vec<Case> {
-    golden_forwards()
-        .into_iter()
-        .map(|f| Case {
-            name: f.name,
-            checkpoint: f.checkpoint,
-            rows: f
-                .rows
-                .into_iter()
-                .map(|r| GoldenRow {
-                    row: EngineRow {
-                        ids: r.ids,
-                        markers: r.markers,
-                        qtype: r.qtype,
-                    },
-                    logits: r.logits,
-                    act_probabilities: r.act_probabilities,
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 fn argmax(x: &[f32]) -> usize {

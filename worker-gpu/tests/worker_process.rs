@@ -2,8 +2,11 @@
 //! checkpoints and driven over its Unix socket with `layad_proto`'s client — readiness, upstream
 //! parity over gRPC, refused input, SIGTERM mid-forward, parent death, device fallback.
 
+mod common;
+
+use common::{Case, GoldenRow, golden_cases};
+
 use layad_system_tests::capture_stderr;
-use layad_system_tests::goldens::golden_forwards;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -154,42 +157,6 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-struct GoldenRow {
-    row: EngineRow,
-    logits: Vec<f32>,
-    act_probabilities: Vec<f32>,
-}
-
-struct Case {
-    name: String,
-    checkpoint: String,
-    rows: Vec<GoldenRow>,
-}
-
-/// The shared golden forwards, with rows as the engine takes them.
-fn golden_cases() -> Vec<Case> {
-    golden_forwards()
-        .into_iter()
-        .map(|f| Case {
-            name: f.name,
-            checkpoint: f.checkpoint,
-            rows: f
-                .rows
-                .into_iter()
-                .map(|r| GoldenRow {
-                    row: EngineRow {
-                        ids: r.ids,
-                        markers: r.markers,
-                        qtype: r.qtype,
-                    },
-                    logits: r.logits,
-                    act_probabilities: r.act_probabilities,
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
