@@ -274,6 +274,7 @@ impl WorkerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use layad_config::PoolConfig;
 
     fn worker(state: WorkerState, checkpoints: &[CheckpointName]) -> WorkerStatus {
         WorkerStatus {
@@ -312,13 +313,7 @@ mod tests {
                 degraded: None,
                 unavailable: None,
                 retiring: false,
-                capabilities: Capabilities {
-                    max_questions: 64,
-                    max_rows: 64,
-                    max_len: None,
-                    buckets: Vec::new(),
-                    max_batch_tokens: 32768,
-                },
+                capabilities: Capabilities::from_config(&PoolConfig::named("gpu")),
                 backlog: Duration::ZERO,
                 routed: RouteCounts::default(),
                 spilled_out: 0,

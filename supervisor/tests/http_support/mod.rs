@@ -17,7 +17,7 @@ use layad::backend::{
     RouteCounts, WorkerState, WorkerStatus,
 };
 use layad::decide::Checkpoints;
-use layad_config::Config;
+use layad_config::{Config, PoolConfig};
 use layad_system_tests::goldens::{fixture_json, fixtures_dir};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -183,13 +183,7 @@ impl Backend for GoldenBackend {
                 degraded: None,
                 unavailable: None,
                 retiring: false,
-                capabilities: Capabilities {
-                    max_questions: 64,
-                    max_rows: 64,
-                    max_len: None,
-                    buckets: Vec::new(),
-                    max_batch_tokens: 32768,
-                },
+                capabilities: Capabilities::from_config(&PoolConfig::named("gpu")),
                 backlog: Duration::from_millis(3),
                 routed: RouteCounts::default(),
                 spilled_out: 0,
