@@ -186,6 +186,9 @@ pub struct WorkerStatus {
     /// The parity gate it passed before it became ready, per checkpoint (workers that run a
     /// converted graph, such as `layad-worker-ane`); empty otherwise.
     pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
+    /// CPU workers: the SIMD kernels their matrix products run on (`avx512`, `avx2`, `gemm`), once
+    /// reported.
+    pub cpu_kernels: Option<String>,
 }
 
 /// One warm-up shape a worker ran before it became ready.
@@ -297,6 +300,7 @@ mod tests {
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
             parity_gate: Vec::new(),
+            cpu_kernels: None,
         }
     }
 

@@ -398,6 +398,7 @@ impl Pool {
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
             parity_gate: Vec::new(),
+            cpu_kernels: None,
         });
         update(report);
     }

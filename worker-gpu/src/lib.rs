@@ -25,4 +25,5 @@ mod weights;
 pub use device::{DeviceRequest, Precision, SelectedDevice};
 pub use engine::{CandleEngine, EngineOptions};
 pub use error::LoadError;
+pub use layers::cpu_matmul::CpuKernels;
 pub use model::LayaModel;

@@ -9,7 +9,7 @@ use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessOptions, LoadError};
 use layad_proto::logging::{LogFormat, init_logging};
 use layad_proto::{ServeOutcome, WarmupPolicy};
-use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
 /// only after every checkpoint is loaded and warmed; exits on SIGTERM after answering the forwards it
@@ -38,6 +38,11 @@ struct Args {
     /// CPU threads for forwards (default: one per physical core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+
+    /// CPU matrix-product kernels: auto (the best this CPU has: avx512, else avx2), avx512, avx2, or
+    /// gemm (candle's own). Naming kernels the CPU lacks fails the start.
+    #[arg(long, env = "LAYAD_CPU_KERNELS", default_value = "auto", value_parser = parse_kernels)]
+    cpu_kernels: Kernels,
 
     /// Most rows in one forward.
     #[arg(long, value_name = "N", default_value_t = EngineOptions::default().max_rows)]
@@ -78,6 +83,14 @@ fn parse_dtype(text: &str) -> Result<Dtype, String> {
     }
 }
 
+/// `--cpu-kernels`: `auto` leaves the choice to the engine.
+#[derive(Clone, Copy, Debug)]
+struct Kernels(Option<CpuKernels>);
+
+fn parse_kernels(text: &str) -> Result<Kernels, String> {
+    CpuKernels::parse(text).map(Kernels)
+}
+
 fn parse_checkpoint(text: &str) -> Result<(String, PathBuf), String> {
     match text.split_once('=') {
         Some((name, dir)) if !name.is_empty() && !dir.is_empty() => Ok((name.to_owned(), PathBuf::from(dir))),
@@ -102,6 +115,7 @@ fn main() -> ExitCode {
         device: args.device,
         precision: args.dtype.0,
         threads: args.threads,
+        cpu_kernels: args.cpu_kernels.0,
         max_rows: args.max_rows,
         max_batch_tokens: args.max_batch_tokens,
         length_buckets: args.length_buckets.clone(),

@@ -306,11 +306,12 @@ async fn run_once(
             .collect();
         w.warmup = warmup_reports(&info);
         w.parity_gate = info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default();
+        w.cpu_kernels = info.cpu_kernels.clone();
     });
     if info.device_mismatch {
         tracing::warn!(worker = %format!("{}/{index}", pool.config().name), requested = %info.requested_device, device = %info.device, "worker runs on another device than configured");
     }
-    tracing::info!(worker = %format!("{}/{index}", pool.config().name), pid, device = %info.device, dtype = %info.dtype, "worker ready");
+    tracing::info!(worker = %format!("{}/{index}", pool.config().name), pid, device = %info.device, dtype = %info.dtype, cpu_kernels = info.cpu_kernels.as_deref().unwrap_or("-"), "worker ready");
     let (retired, dead) = (CancellationToken::new(), CancellationToken::new());
     // Whatever happens below, the serving task must not outlive this process.
     let _retired_guard = retired.clone().drop_guard();

@@ -219,6 +219,7 @@ fn run(args: &Args) -> Result<(), String> {
                 device: DeviceRequest::Cpu,
                 precision: Some(precision),
                 threads: Some(args.threads),
+                cpu_kernels: None,
                 max_rows: 64,
                 max_batch_tokens: 1 << 20,
                 length_buckets: Vec::new(),
