@@ -255,7 +255,11 @@ impl Collector for BackendCollector {
                     p.workers.iter().filter_map(move |w| {
                         let kernels = w.cpu_kernels.as_deref()?;
                         Some((
-                            vec![("pool", p.name.as_str()), ("worker", w.id.as_str()), ("kernels", kernels)],
+                            vec![
+                                ("pool", p.name.as_str()),
+                                ("worker", w.id.as_str()),
+                                ("kernels", kernels),
+                            ],
                             1,
                         ))
                     })

@@ -39,9 +39,10 @@ struct Args {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
-    /// CPU matrix-product kernels: auto (the best this CPU has: avx512, else avx2), avx512, avx2, or
-    /// gemm (candle's own). Naming kernels the CPU lacks fails the start.
-    #[arg(long, env = "LAYAD_CPU_KERNELS", default_value = "auto", value_parser = parse_kernels)]
+    /// CPU kernels of matrix products and attention: auto (the best this CPU has: avx512, else
+    /// avx2), avx512, avx2, or gemm (candle's own matmul and composed ops). Naming kernels the CPU
+    /// lacks fails the start. The supervisor leaves it at auto.
+    #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     cpu_kernels: Kernels,
 
     /// Most rows in one forward.

@@ -146,7 +146,10 @@ fn every_cpu_kernel_family_answers_like_upstream() {
         }
         let mut engine = engine_with(Precision::F32, Vec::new(), Some(kernels)).expect("load");
         assert_eq!(engine.kernels(), Some(kernels));
-        assert_eq!(layad_proto::Engine::cpu_kernels(&engine).as_deref(), Some(kernels.as_str()));
+        assert_eq!(
+            layad_proto::Engine::cpu_kernels(&engine).as_deref(),
+            Some(kernels.as_str())
+        );
         let mut outputs = Vec::new();
         let (logit, act, _) = run_goldens(&mut engine, |case, i, golden, out, _| {
             let diff = max_abs_diff(&out.logits, &golden.logits)

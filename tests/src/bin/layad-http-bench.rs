@@ -137,7 +137,10 @@ async fn shape(addr: SocketAddr, name: &'static str, questions: usize, tokens_pe
     let input_tokens = input_tokens(addr, &text).await?;
     Ok(Shape {
         name,
-        label: format!("{questions} question{}, {input_tokens} tokens", if questions == 1 { "" } else { "s" }),
+        label: format!(
+            "{questions} question{}, {input_tokens} tokens",
+            if questions == 1 { "" } else { "s" }
+        ),
         body: Arc::new(text),
         input_tokens,
     })
@@ -159,11 +162,10 @@ fn answer_difference(a: &Value, b: &Value, path: &str) -> Result<f64, String> {
                 Ok(worst.max(answer_difference(v, &y[k], &format!("{path}.{k}"))?))
             })
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).try_fold(0f64, |worst, (p, q)| {
-                Ok(worst.max(answer_difference(p, q, path)?))
-            })
-        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .try_fold(0f64, |worst, (p, q)| Ok(worst.max(answer_difference(p, q, path)?))),
         _ if a == b => Ok(0.0),
         _ => Err(format!("{path}: {a} vs {b}")),
     }
@@ -238,7 +240,9 @@ fn start_upstream(python: &str, hf_home: &Path, port: u16, threads: usize, amp: 
     if let Some(amp) = amp {
         command.env("LAYA_CPU_AMP", amp);
     }
-    command.spawn().map_err(|e| format!("cannot start {}: {e}", bin.display()))
+    command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }
 
 /// Kills the upstream server when the bench ends, however it ends.

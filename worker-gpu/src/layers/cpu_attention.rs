@@ -53,7 +53,10 @@ impl CustomOp1 for AttentionOp<'_> {
                 3 * d
             )
         }
-        if self.lengths.iter().any(|&l| l > self.len) || self.cos.len() < self.len * half || self.sin.len() != self.cos.len() {
+        if self.lengths.iter().any(|&l| l > self.len)
+            || self.cos.len() < self.len * half
+            || self.sin.len() != self.cos.len()
+        {
             candle_core::bail!("attention: lengths or RoPE tables do not cover {} positions", self.len)
         }
         let heads: Vec<(usize, usize, Vec<f32>)> = (0..rows * self.heads)
@@ -163,7 +166,10 @@ impl AttentionOp<'_> {
         if value_panels * nr == hd {
             return out;
         }
-        out.chunks_exact(value_panels * nr).flat_map(|r| &r[..hd]).copied().collect()
+        out.chunks_exact(value_panels * nr)
+            .flat_map(|r| &r[..hd])
+            .copied()
+            .collect()
     }
 
     /// RoPE ("rotate half") of one head vector at position `t`, as transformers computes it in f32.

@@ -47,7 +47,9 @@ impl CpuKernels {
             "avx512" => Ok(Some(Self::Avx512)),
             "avx2" => Ok(Some(Self::Avx2)),
             "gemm" => Ok(Some(Self::Gemm)),
-            _ => Err(format!("unknown CPU kernels '{text}'; expected auto, avx512, avx2 or gemm")),
+            _ => Err(format!(
+                "unknown CPU kernels '{text}'; expected auto, avx512, avx2 or gemm"
+            )),
         }
     }
 
@@ -123,16 +125,13 @@ impl PackedWeight {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
-        panels
-            .par_chunks_mut(k * nr)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                let width = nr.min(n - p * nr);
-                for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
-                    let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
-                    dst[..width].copy_from_slice(src);
-                }
-            });
+        panels.par_chunks_mut(k * nr).enumerate().for_each(|(p, panel)| {
+            let width = nr.min(n - p * nr);
+            for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
+                let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
+                dst[..width].copy_from_slice(src);
+            }
+        });
         Self {
             kernels,
             k,
@@ -425,6 +424,9 @@ mod tests {
         let best = CpuKernels::detect();
         assert!(best.available());
         #[cfg(target_arch = "x86_64")]
-        assert_eq!(best == CpuKernels::Avx512, std::arch::is_x86_feature_detected!("avx512f"));
+        assert_eq!(
+            best == CpuKernels::Avx512,
+            std::arch::is_x86_feature_detected!("avx512f")
+        );
     }
 }

@@ -111,7 +111,10 @@ impl Linear {
     /// `x`: `[n, in]` in any float dtype; returns `[n, out]` in the compute dtype.
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         if let Some(packed) = &self.packed {
-            return x.to_dtype(DType::F32)?.contiguous()?.apply_op1_no_bwd(&PackedMatmul(packed));
+            return x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op1_no_bwd(&PackedMatmul(packed));
         }
         let y = x.to_dtype(self.weight_t.dtype())?.matmul(&self.weight_t)?;
         match &self.bias {

@@ -10,8 +10,8 @@ use laya::checkpoint::Checkpoint;
 use layad_proto::{EngineOutput, EngineRow};
 
 use crate::error::LoadError;
-use crate::layers::cpu_matmul::CpuKernels;
 use crate::layers::attention::SlidingPlan;
+use crate::layers::cpu_matmul::CpuKernels;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
