@@ -320,7 +320,7 @@ async fn run(args: Args) -> Result<(), String> {
         .as_ref()
         .map_or(String::new(), |w| format!("batch_wait = \"{w}\"\n"));
     let config = format!(
-        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = {}\ndtype = \"{}\"\n{batch_wait}\n[server]\nrequest_timeout = \"300s\"\n",
+        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = {}\ndtype = \"{}\"\n{batch_wait}\n[server]\nrequest_timeout = \"300s\"\n\n[workers]\nstartup_timeout = \"900s\"\n",
         args.threads, args.dtype
     );
     let home = hf_home.path().to_string_lossy().into_owned();
