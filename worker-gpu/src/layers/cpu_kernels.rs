@@ -221,7 +221,10 @@ mod tests {
             let x = i as f32 * 1e-4;
             worst = worst.max((erf(x) - candle_core::cpu::erf::erf_f32(x)).abs());
         }
+        // Outside [−4, 4] the clamp holds the value at erf(±4), within the same bound of ±1.
+        for x in [4.5f32, 9.0, 30.0, -4.5, -9.0, -30.0] {
+            worst = worst.max((erf(x) - candle_core::cpu::erf::erf_f32(x)).abs());
+        }
         assert!(worst < 5e-7, "{worst}");
-        assert!((erf(9.0) - 1.0).abs() < 1e-7 && (erf(-30.0) + 1.0).abs() < 1e-7);
     }
 }
