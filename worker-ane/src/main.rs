@@ -8,9 +8,10 @@ use clap::Parser;
 use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::{LogFormat, init_logging};
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, ServeOutcome, WarmupPolicy};
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, ServeOutcome, WarmupPolicy};
 use worker_ane::{AneEngine, AneError, AneOptions, ExecutorKind};
 use worker_gpu::Precision;
+use worker_gpu::macos::MacosVersion;
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket) from converted
 /// `bc1s-masked` artifacts, one row per prediction, padded to fixed length buckets. Binds the socket
@@ -43,11 +44,12 @@ struct Args {
     length_buckets: Option<Vec<u32>>,
 
     /// Device: auto, ane (Core ML) or cpu (candle). The executor decides what runs; a device it does
-    /// not satisfy is reported as a mismatch in Describe, and `cpu` with Core ML is refused.
+    /// not satisfy is reported as a mismatch in Describe, and `cpu` with Core ML is refused (exit 78).
     #[arg(long, default_value = "auto", value_parser = ["auto", "ane", "cpu"])]
     device: String,
 
-    /// Graph precision: auto (f16), f16, or f32 (candle only; Core ML graphs are FP16).
+    /// Graph precision: auto (f16), f16, or f32 (candle only; Core ML graphs are FP16, and f32 with
+    /// Core ML is refused with exit status 78).
     #[arg(long, default_value = "auto", value_parser = ["auto", "f16", "f32"])]
     dtype: String,
 
@@ -95,6 +97,19 @@ fn default_cache_dir() -> PathBuf {
     base.unwrap_or_else(std::env::temp_dir).join("layad").join("ane")
 }
 
+/// `EXIT_DEVICE_UNAVAILABLE` or `EXIT_CONFIG_REFUSED` (the supervisor does not restart either),
+/// else 1.
+fn exit_status(error: &AneError) -> u8 {
+    let code = if error.is_unavailable() {
+        EXIT_DEVICE_UNAVAILABLE
+    } else if error.is_configuration() {
+        EXIT_CONFIG_REFUSED
+    } else {
+        1
+    };
+    u8::try_from(code).unwrap_or(1)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(error) = init_logging(args.log_format) {
@@ -106,16 +121,6 @@ fn main() -> ExitCode {
         tracing::error!(%error, "layad-worker-ane failed");
         ExitCode::from(code)
     };
-    let unavailable = u8::try_from(EXIT_DEVICE_UNAVAILABLE).unwrap_or(1);
-    if args.executor == ExecutorKind::CoreMl && !cfg!(target_os = "macos") {
-        return fail(&AneError::CoreMlUnavailable(std::env::consts::OS), unavailable);
-    }
-    if args.executor == ExecutorKind::CoreMl && args.device == "cpu" {
-        return fail(
-            &"--device cpu with --executor coreml: Core ML is pinned to the CPU and Neural Engine; use --executor candle for the CPU",
-            2,
-        );
-    }
     if args.max_rows != 1 {
         tracing::info!(
             max_rows = args.max_rows,
@@ -135,6 +140,16 @@ fn main() -> ExitCode {
         max_batch_tokens: args.max_batch_tokens,
         cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
     };
+    // Refused before the harness starts, with the exit status that tells the supervisor whether a
+    // restart could help.
+    let refused = if args.executor == ExecutorKind::CoreMl && args.device == "cpu" {
+        Err(AneError::CoreMlOnCpu)
+    } else {
+        options.check(std::env::consts::OS, MacosVersion::running())
+    };
+    if let Err(error) = refused {
+        return fail(&error, exit_status(&error));
+    }
     let checkpoints: Vec<(String, Location)> = args
         .checkpoints
         .iter()
@@ -156,10 +171,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(HarnessError::Load(error)) => {
-            let code = match error.downcast_ref::<AneError>() {
-                Some(ane) if ane.is_unavailable() => unavailable,
-                _ => 1,
-            };
+            let code = error.downcast_ref::<AneError>().map_or(1, exit_status);
             fail(&HarnessError::Load(error), code)
         }
         Err(error) => fail(&error, 1),
