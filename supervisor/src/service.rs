@@ -6,10 +6,11 @@
 //! `--dry-run` prints instead of performing. The API key is never written into a service file: the
 //! service reads it from `server.api_key_file`.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use layad_config::{Config, ConfigError, Flags, Sources};
 
@@ -24,6 +25,10 @@ const SYSTEM_UNIT_TEMPLATE: &str = include_str!("../../deploy/systemd/layad.syst
 
 /// Extra time beyond the drain and the workers' stop timeout before the manager kills layad.
 const STOP_MARGIN: Duration = Duration::from_secs(5);
+/// How often a reinstall asks launchd whether the old job is gone.
+const GONE_POLL: Duration = Duration::from_millis(250);
+/// How much longer than its `ExitTimeOut` an old job may take to disappear from launchd.
+const GONE_MARGIN: Duration = Duration::from_secs(10);
 
 /// Which service manager the files are for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +264,26 @@ pub enum ServiceError {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// A condition for installing does not hold (e.g. no launchd GUI session over SSH).
+    #[error("{hint}\n(`{command}` failed: {stderr})")]
+    Precondition {
+        /// The command that checked it.
+        command: String,
+        /// What it printed on stderr.
+        stderr: String,
+        /// What is wrong and what to do instead.
+        hint: String,
+    },
+    /// The old launchd job did not go away in time.
+    #[error(
+        "the old job is still there after {seconds} s (`{command}` still finds it): it has not finished stopping; run the install again once it has"
+    )]
+    StillThere {
+        /// The command that found it.
+        command: String,
+        /// How long it was waited for.
+        seconds: u64,
+    },
     /// A manager command that must succeed failed.
     #[error("`{command}` failed ({status}): {stderr}")]
     Command {
@@ -319,13 +344,21 @@ pub trait Runner {
     fn run(&mut self, command: &ManagerCommand) -> Result<CommandOutput, ServiceError>;
 }
 
-/// Runs commands as child processes.
+/// Runs commands as child processes, found on `PATH`.
 #[derive(Debug, Default)]
-pub struct SystemRunner;
+pub struct SystemRunner {
+    /// `PATH` to find and run the commands with; `None`: layad's own. (Tests put a stand-in
+    /// `launchctl` first.)
+    pub search_path: Option<OsString>,
+}
 
 impl Runner for SystemRunner {
     fn run(&mut self, command: &ManagerCommand) -> Result<CommandOutput, ServiceError> {
-        let output = std::process::Command::new(&command.program)
+        let mut child = std::process::Command::new(&command.program);
+        if let Some(path) = &self.search_path {
+            child.env("PATH", path);
+        }
+        let output = child
             .args(&command.args)
             .output()
             .map_err(|source| ServiceError::Spawn {
@@ -364,6 +397,20 @@ pub enum Step {
     },
     /// Run a manager command.
     Run(ManagerCommand),
+    /// Stop, changing nothing, unless `command` succeeds; `hint` says what is wrong and what to do.
+    Require {
+        /// The check.
+        command: ManagerCommand,
+        /// What its failure means.
+        hint: String,
+    },
+    /// Run `command` until it fails (launchd no longer knows the old job), at most `timeout`.
+    WaitUntilGone {
+        /// The question (`launchctl print <domain>/<label>`).
+        command: ManagerCommand,
+        /// The longest wait.
+        timeout: Duration,
+    },
 }
 
 /// What an operation did, or would do with `--dry-run`.
@@ -403,6 +450,14 @@ impl fmt::Display for ServiceReport {
                 Step::Run(command) => {
                     writeln!(f, "{run}: {command}   (a failure here is expected if it is not loaded)")?
                 }
+                Step::Require { command, .. } => {
+                    writeln!(f, "{run}: {command}   (your login session's launchd domain must exist)")?
+                }
+                Step::WaitUntilGone { command, timeout } => writeln!(
+                    f,
+                    "{run}: {command}   (until it fails: the old job has exited; at most {} s)",
+                    timeout.as_secs()
+                )?,
             }
         }
         for note in &self.notes {
@@ -453,7 +508,7 @@ pub fn install(options: &ServiceOptions) -> Result<ServiceReport, ServiceError> 
     if !options.dry_run {
         native_only(options)?;
     }
-    install_with(options, &mut SystemRunner)
+    install_with(options, &mut SystemRunner::default())
 }
 
 /// [`install`] with commands run by `runner`.
@@ -461,10 +516,23 @@ pub fn install_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result
     let config = load_config(options)?;
     let path = options.service_file();
     let contents = contents(options, &config)?;
-    let mut steps = vec![Step::CreateDir {
+    let mut steps = Vec::new();
+    if (options.manager, options.scope) == (Manager::Launchd, Scope::User) {
+        // gui/<uid> exists only while the user is logged in at the Mac's screen; over SSH there is
+        // none, and bootstrap would fail after the files were written.
+        let domain = options.launchd_domain();
+        steps.push(Step::Require {
+            command: options.launchctl(&["print", &domain], true),
+            hint: format!(
+                "launchd has no {domain} domain: user {uid} is not logged in at this Mac's screen (an SSH session has none), and a launchd agent runs in that login session. Log in at the Mac (or through Screen Sharing) and run this again, or install a daemon that starts at boot instead: sudo layad service install --system",
+                uid = options.uid
+            ),
+        });
+    }
+    steps.push(Step::CreateDir {
         path: parent(&path),
         owner: None,
-    }];
+    });
     let account = options.run_as.clone().filter(|_| options.scope == Scope::System);
     match (options.manager, options.scope) {
         // launchd does not create the directory of StandardOutPath.
@@ -495,6 +563,12 @@ pub fn install_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result
             let target = format!("{domain}/{LAUNCHD_LABEL}");
             // Unload the old job first so the new plist takes effect; it may not be loaded.
             steps.push(Step::Run(options.launchctl(&["bootout", &target], false)));
+            // bootout returns while the old layad may still be draining (up to its ExitTimeOut);
+            // bootstrapping meanwhile fails with "Bootstrap failed: 5: Input/output error".
+            steps.push(Step::WaitUntilGone {
+                command: options.launchctl(&["print", &target], false),
+                timeout: Duration::from_secs(stop_timeout(&config)) + GONE_MARGIN,
+            });
             steps.push(Step::Run(options.launchctl(&["enable", &target], true)));
             steps.push(Step::Run(options.launchctl(&["bootstrap", &domain, &file], true)));
         }
@@ -515,7 +589,7 @@ pub fn uninstall(options: &ServiceOptions) -> Result<ServiceReport, ServiceError
     if !options.dry_run {
         native_only(options)?;
     }
-    uninstall_with(options, &mut SystemRunner)
+    uninstall_with(options, &mut SystemRunner::default())
 }
 
 /// [`uninstall`] with commands run by `runner`.
@@ -548,7 +622,7 @@ pub fn uninstall_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Resu
 /// Asks the manager about the service (`launchctl print` / `systemctl status`).
 pub fn status(options: &ServiceOptions) -> Result<ServiceStatus, ServiceError> {
     native_only(options)?;
-    status_with(options, &mut SystemRunner)
+    status_with(options, &mut SystemRunner::default())
 }
 
 /// Refuses to run another OS's manager commands here.
@@ -643,6 +717,28 @@ fn perform_step(step: &Step, runner: &mut dyn Runner) -> Result<(), ServiceError
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(path)(e)),
             _ => {}
         },
+        Step::Require { command, hint } => {
+            let output = runner.run(command)?;
+            if !output.success() {
+                return Err(ServiceError::Precondition {
+                    command: command.to_string(),
+                    stderr: output.stderr.trim().to_owned(),
+                    hint: hint.clone(),
+                });
+            }
+        }
+        Step::WaitUntilGone { command, timeout } => {
+            let started = Instant::now();
+            while runner.run(command)?.success() {
+                if started.elapsed() >= *timeout {
+                    return Err(ServiceError::StillThere {
+                        command: command.to_string(),
+                        seconds: timeout.as_secs(),
+                    });
+                }
+                std::thread::sleep(GONE_POLL);
+            }
+        }
         Step::Run(command) => {
             let output = runner.run(command)?;
             if command.must_succeed && !output.success() {
@@ -980,6 +1076,50 @@ mod tests {
         let config = Config::default();
         // 30 s grace + 10 s worker stop + 5 s margin.
         assert_eq!(stop_timeout(&config), 45);
+    }
+
+    /// Answers every command with `code`, counting them.
+    struct Always {
+        code: i32,
+        ran: usize,
+    }
+
+    impl Runner for Always {
+        fn run(&mut self, _: &ManagerCommand) -> Result<CommandOutput, ServiceError> {
+            self.ran += 1;
+            Ok(CommandOutput {
+                code: Some(self.code),
+                stdout: String::new(),
+                stderr: "Could not find domain for user gui: 501".to_owned(),
+            })
+        }
+    }
+
+    #[test]
+    fn waiting_for_the_old_job_gives_up_after_its_timeout_and_says_so() {
+        let command = ManagerCommand {
+            program: "launchctl".to_owned(),
+            args: vec!["print".to_owned(), "gui/501/ai.layad".to_owned()],
+            must_succeed: false,
+        };
+        let wait = Step::WaitUntilGone {
+            command,
+            timeout: Duration::from_secs(1),
+        };
+        let mut still_there = Always { code: 0, ran: 0 };
+        let started = Instant::now();
+        let error = perform_step(&wait, &mut still_there).expect_err("never gone");
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert!(still_there.ran >= 4, "asked {} times", still_there.ran);
+        assert!(
+            error.to_string().starts_with(
+                "the old job is still there after 1 s (`launchctl print gui/501/ai.layad` still finds it)"
+            ),
+            "{error}"
+        );
+        let mut gone = Always { code: 113, ran: 0 };
+        perform_step(&wait, &mut gone).expect("gone at once");
+        assert_eq!(gone.ran, 1);
     }
 
     #[test]
