@@ -215,9 +215,9 @@ impl MetalHost for SystemMetal {
 }
 
 /// Opens Metal device 0, or says why it cannot: no Metal in this build, a macOS older than
-/// [`MIN_MACOS`](crate::macos::MIN_MACOS), or no Metal device at all (a virtual machine, a CI runner). candle 0.11.1 panics
-/// in each of the last two cases (`Device::all().swap_remove(0)`, a missing Objective-C class), so
-/// they are ruled out before it is called.
+/// [`MIN_MACOS`](crate::macos::MIN_MACOS), or no Metal device at all (a virtual machine, a CI
+/// runner). candle 0.11.1 panics in each of the last two cases (a missing Objective-C class,
+/// `Device::all().swap_remove(0)`), so they are ruled out before it is called.
 pub fn open_metal(host: &dyn MetalHost) -> Result<Device, String> {
     if !host.compiled() {
         return Err("this build has no Metal backend (macOS builds only)".to_owned());
