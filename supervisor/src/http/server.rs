@@ -1,5 +1,5 @@
-//! Binding, the connection loop and graceful shutdown, plus the router and the state it shares.
-//! On shutdown: stop accepting, let in-flight requests finish within the grace period, report.
+//! Binding, the connection loop and graceful shutdown, plus the router. On shutdown: stop
+//! accepting, let in-flight requests finish within the grace period, report.
 //!
 //! Our own accept loop rather than `axum::serve`: it caps open connections, bounds how long a
 //! client may take to send its headers, and bounds the drain, none of which `axum::serve` offers.
@@ -20,32 +20,17 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
 use crate::backend::Backend;
-use crate::decide::{Checkpoints, Decider};
-use crate::error::{ApiError, LayadError};
+use crate::checkpoints::Checkpoints;
+use crate::decisions::Decisions;
+use crate::error::LayadError;
+use crate::http::admission::Admission;
+use crate::http::app::App;
 use crate::http::middleware::{self, HostCheck};
+use crate::http::response::ApiError;
 use crate::http::routes;
+use crate::live::LiveSettings;
 use crate::metrics::Metrics;
-use crate::reload::LiveSettings;
-
-/// What every handler shares.
-pub struct App {
-    /// Auth and body checks for the authenticated routes.
-    pub admission: Admission,
-    /// Turns bodies into answers.
-    pub decider: Decider,
-    /// The workers, for `/health` and `/readyz`.
-    pub backend: Arc<dyn Backend>,
-    /// The opened checkpoints, for `/v1/models` and readiness.
-    pub checkpoints: Arc<Checkpoints>,
-    /// The `Host` check; `Some` only when bound to a loopback address.
-    pub host_check: Option<HostCheck>,
-    /// The exported metrics.
-    pub metrics: Metrics,
-    /// What a reload changes while serving, and how the last reload went.
-    pub live: Arc<LiveSettings>,
-}
 
 /// How the drain after a shutdown signal went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +69,7 @@ impl Server {
         let live = Arc::new(LiveSettings::new(config));
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
-            decider: Decider::new(
+            decisions: Decisions::new(
                 Arc::clone(&checkpoints),
                 Arc::clone(&backend),
                 DecisionOptions {
@@ -96,12 +81,16 @@ impl Server {
             metrics: Metrics::new(Arc::clone(&backend)),
             backend,
             checkpoints,
-            host_check: local.ip().is_loopback().then(|| HostCheck::new(&server.allowed_hosts)),
             live: Arc::clone(&live),
         };
+        // The `Host` check guards loopback binds only: elsewhere the name is the client's business.
+        let host_check = local
+            .ip()
+            .is_loopback()
+            .then(|| Arc::new(HostCheck::new(&server.allowed_hosts)));
         Ok(Self {
             listener,
-            router: router(Arc::new(app)),
+            router: router(Arc::new(app), host_check),
             max_connections: server.max_connections,
             header_timeout: server.body_timeout,
             shutdown_grace: server.shutdown_grace,
@@ -198,9 +187,9 @@ impl Server {
 }
 
 /// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.
-pub fn router(app: Arc<App>) -> Router {
+pub fn router(app: Arc<App>, host_check: Option<Arc<HostCheck>>) -> Router {
     Router::new()
-        .route(routes::SYSTEMONE, post(routes::decide::systemone))
+        .route(routes::SYSTEMONE, post(routes::systemone::systemone))
         .route(routes::MODELS, get(routes::models::list))
         .route(routes::HEALTH, get(routes::health::health))
         .route(routes::LIVEZ, get(routes::health::livez))
@@ -208,9 +197,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route(routes::METRICS, get(routes::metrics::metrics))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(routes::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&app),
-            middleware::frame,
-        ))
+        .layer(axum::middleware::from_fn_with_state(host_check, middleware::frame))
         .with_state(app)
 }
