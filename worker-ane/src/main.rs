@@ -9,7 +9,7 @@ use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, ServeOutcome, WarmupPolicy, WorkerArgs};
+use layad_proto::{EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
 use worker_ane::{AneEngine, AneError, AneOptions, ExecutorKind};
 use worker_gpu::Precision;
 
@@ -125,27 +125,13 @@ fn main() -> ExitCode {
         .map(|(name, dir)| (name.clone(), Location::from_path(dir)))
         .collect();
     let load = move || -> Result<AneEngine, LoadError> { Ok(AneEngine::load(&checkpoints, &options)?) };
-    let harness_options = HarnessOptions {
-        socket: common.socket.clone(),
-        liveness_fd: common.liveness_fd,
-        requested_device: common.device.clone(),
-        worker: format!("layad-worker-ane {}", env!("CARGO_PKG_VERSION")),
-        warmup: WarmupPolicy::default(),
-    };
-    match harness::run(load, harness_options) {
-        Ok(outcome) => {
-            if outcome == ServeOutcome::SupervisorGone {
-                tracing::warn!("exiting: the supervisor is gone");
-            }
-            ExitCode::SUCCESS
-        }
-        Err(HarnessError::Load(error)) => {
-            let code = match error.downcast_ref::<AneError>() {
-                Some(ane) if ane.is_unavailable() => unavailable,
-                _ => 1,
-            };
-            fail(&HarnessError::Load(error), code)
-        }
-        Err(error) => fail(&error, 1),
-    }
+    let harness_options = HarnessOptions::from_args(common, format!("layad-worker-ane {}", env!("CARGO_PKG_VERSION")));
+    let result = harness::run(load, harness_options);
+    harness::exit_code("layad-worker-ane", result, |error| match error {
+        HarnessError::Load(error) => match error.downcast_ref::<AneError>() {
+            Some(ane) if ane.is_unavailable() => unavailable,
+            _ => 1,
+        },
+        _ => 1,
+    })
 }

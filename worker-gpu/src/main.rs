@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
+use layad_proto::WorkerArgs;
 use layad_proto::harness::{self, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use layad_proto::{ServeOutcome, WarmupPolicy, WorkerArgs};
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
@@ -73,23 +73,8 @@ fn main() -> ExitCode {
             _ => Ok(engine),
         }
     };
-    let options = HarnessOptions {
-        socket: common.socket,
-        liveness_fd: common.liveness_fd,
-        requested_device: device.to_string(),
-        worker: format!("layad-worker-gpu {}", env!("CARGO_PKG_VERSION")),
-        warmup: WarmupPolicy::default(),
-    };
-    match harness::run(load, options) {
-        Ok(outcome) => {
-            if outcome == ServeOutcome::SupervisorGone {
-                tracing::warn!("exiting: the supervisor is gone");
-            }
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            tracing::error!(%error, "layad-worker-gpu failed");
-            ExitCode::FAILURE
-        }
-    }
+    let mut options = HarnessOptions::from_args(&common, format!("layad-worker-gpu {}", env!("CARGO_PKG_VERSION")));
+    // As parsed: `CUDA:0` asks for what `cuda:0` does.
+    options.requested_device = device.to_string();
+    harness::exit_code("layad-worker-gpu", harness::run(load, options), |_| 1)
 }
