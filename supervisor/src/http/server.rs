@@ -15,8 +15,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use laya::decision::DecisionOptions;
 use layad_config::Config;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -143,26 +143,13 @@ impl Server {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
             let service = TowerToHyperService::new(self.router.clone());
-            let stop = stop.clone();
-            let header_timeout = self.header_timeout;
-            tracker.spawn(async move {
-                let _permit = permit;
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-                let connection = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                let result = tokio::select! {
-                    result = connection.as_mut() => result,
-                    () = stop.cancelled() => {
-                        // Idle keep-alive connections close now; a request in progress finishes.
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                };
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
+            tracker.spawn(connection_task(
+                stream,
+                service,
+                permit,
+                self.header_timeout,
+                stop.clone(),
+            ));
         }
         drop(self.listener);
         stop.cancel();
@@ -183,6 +170,32 @@ impl Server {
             );
         }
         report
+    }
+}
+
+/// Serves one connection until it closes; once `stop` is cancelled, idle keep-alive connections close
+/// and a request in progress finishes. Holds its connection `permit` until then.
+async fn connection_task(
+    stream: TcpStream,
+    service: TowerToHyperService<Router>,
+    permit: OwnedSemaphorePermit,
+    header_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let _permit = permit;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

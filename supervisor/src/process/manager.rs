@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::pool::worker_task::worker_task;
 use crate::pool::{Pool, WorkerReport};
 use crate::process::backoff::Backoff;
-use crate::process::logs::{LogTags, StderrTail, forward_stderr};
+use crate::process::logs::{LogTags, StderrTail, stderr_task};
 use crate::process::worker_process::{WorkerProcess, WorkerSpec, describe_exit};
 use crate::status::WorkerState;
 use crate::worker_kind;
@@ -206,7 +206,7 @@ async fn run_once(
         worker: format!("{}/{index}", pool.config().name),
         pid,
     };
-    let logs = tokio::spawn(forward_stderr(stderr, tags, tail.clone()));
+    let logs = tokio::spawn(stderr_task(stderr, tags, tail.clone()));
     pool.update_worker(index, |w| {
         w.pid = Some(pid);
         w.state = WorkerState::Starting;

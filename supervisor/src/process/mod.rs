@@ -197,6 +197,16 @@ async fn stop_slots(slots: Vec<Slot>) {
     }
 }
 
+/// Stops the `removed` slots of `pool`, the first of them being slot `from` (each drains its worker
+/// first), then forgets their records.
+async fn scale_down_task(pool: Arc<Pool>, removed: Vec<Slot>, from: usize) {
+    let to = from + removed.len();
+    stop_slots(removed).await;
+    for index in from..to {
+        pool.remove_worker(index);
+    }
+}
+
 /// Retires `old` once `successor` (if any) is fully ready: it stops taking jobs, finishes its
 /// queue, then its workers stop and it leaves the scheduler.
 async fn retire_task(inner: Arc<Inner>, old: Arc<Pool>, successor: Option<Arc<Pool>>) {
@@ -311,13 +321,7 @@ impl Workers {
                             inner.start_slots(&mut running, have, want);
                         } else if want < have {
                             let removed: Vec<Slot> = running.slots.drain(want..).collect();
-                            let pool = Arc::clone(&running.pool);
-                            tokio::spawn(async move {
-                                stop_slots(removed).await;
-                                for index in want..have {
-                                    pool.remove_worker(index);
-                                }
-                            });
+                            tokio::spawn(scale_down_task(Arc::clone(&running.pool), removed, want));
                         }
                         next.push(running);
                     }
