@@ -34,9 +34,9 @@ pub struct Job {
     pub rows: Vec<Row>,
 }
 
-/// What a worker computed for a job.
+/// What a pool answered for a job: the outputs, and where and how they were computed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct JobOutput {
+pub struct PoolAnswer {
     /// One output per row, same order.
     pub outputs: Vec<RowOutput>,
     /// The pool that ran it.
@@ -45,12 +45,20 @@ pub struct JobOutput {
     pub worker: String,
     /// The device the worker actually used (`cpu`, `metal`, `cuda:0`, `ane`).
     pub device: String,
-    /// Time between submission and a worker taking the job.
+    /// Time between queueing and a worker taking the job.
     pub queue_wait: Duration,
     /// Time the worker spent on the forward pass.
     pub device_time: Duration,
     /// Rows in that forward pass: more than the job's own when it shared the pass with others.
     pub batch_rows: usize,
+}
+
+/// What the backend answers for a job: the pool's answer, and how and why the scheduler chose that
+/// pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutput {
+    /// What the pool computed.
+    pub answer: PoolAnswer,
     /// How the scheduler chose the pool.
     pub route: Route,
     /// Why, in words (the `x_layad.reason` of the answer).

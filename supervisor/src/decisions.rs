@@ -158,11 +158,11 @@ impl Decisions {
                 }
                 Err(_) => return Err(BackendError::DeadlineExpired.into()),
             };
-            outcome.pool = Some(output.pool.clone());
-            outcome.timings.queue = Some(output.queue_wait);
-            outcome.timings.device = Some(output.device_time);
+            outcome.pool = Some(output.answer.pool.clone());
+            outcome.timings.queue = Some(output.answer.queue_wait);
+            outcome.timings.device = Some(output.answer.device_time);
             diagnostics = Some(diagnostics_block(&output));
-            output.outputs
+            output.answer.outputs
         };
         let mut body = respond(prepared, checkpoint, &outputs)?;
         if self.live.diagnostics()
@@ -178,14 +178,15 @@ impl Decisions {
 fn diagnostics_block(output: &JobOutput) -> Value {
     // Three decimals of a millisecond: enough to compare, short enough to read.
     let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let answer = &output.answer;
     json!({
-        "pool": output.pool,
-        "worker": output.worker,
-        "device": output.device,
+        "pool": answer.pool,
+        "worker": answer.worker,
+        "device": answer.device,
         "route": output.route.as_str(),
         "reason": output.reason,
-        "queue_ms": ms(output.queue_wait),
-        "device_ms": ms(output.device_time),
-        "batch_rows": output.batch_rows,
+        "queue_ms": ms(answer.queue_wait),
+        "device_ms": ms(answer.device_time),
+        "batch_rows": answer.batch_rows,
     })
 }

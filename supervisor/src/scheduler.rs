@@ -239,17 +239,7 @@ impl Scheduler {
             serving[from].count_spilled_out();
         }
         match receiver.await {
-            Ok(answer) => answer.map(|a| JobOutput {
-                outputs: a.outputs,
-                pool: a.pool,
-                worker: a.worker,
-                device: a.device,
-                queue_wait: a.queue_wait,
-                device_time: a.device_time,
-                batch_rows: a.batch_rows,
-                route,
-                reason,
-            }),
+            Ok(answer) => answer.map(|answer| JobOutput { answer, route, reason }),
             // The pool dropped the job without answering: it is shutting down.
             Err(_) => Err(BackendError::Failed("the pool shut down before answering".to_owned())),
         }

@@ -92,6 +92,26 @@ pub struct WorkerStatus {
     pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
 }
 
+impl WorkerStatus {
+    /// The record of a worker slot that has not started a process yet.
+    pub fn starting(id: String) -> Self {
+        Self {
+            id,
+            pid: None,
+            state: WorkerState::Starting,
+            device: None,
+            dtype: None,
+            checkpoints: Vec::new(),
+            restarts: 0,
+            last_exit: None,
+            last_error: None,
+            stderr_tail: Vec::new(),
+            warmup: Vec::new(),
+            parity_gate: Vec::new(),
+        }
+    }
+}
+
 /// One warm-up shape a worker ran before it became ready.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WarmupReport {
@@ -167,7 +187,6 @@ mod tests {
 
     fn worker(state: WorkerState, checkpoints: &[CheckpointName]) -> WorkerStatus {
         WorkerStatus {
-            id: "gpu-0".into(),
             pid: Some(1),
             state,
             device: Some("cpu".into()),
@@ -180,12 +199,7 @@ mod tests {
                     sha256: "00".into(),
                 })
                 .collect(),
-            restarts: 0,
-            last_exit: None,
-            last_error: None,
-            stderr_tail: Vec::new(),
-            warmup: Vec::new(),
-            parity_gate: Vec::new(),
+            ..WorkerStatus::starting("gpu-0".into())
         }
     }
 

@@ -21,10 +21,10 @@ use layad_proto::client::WorkerClient;
 use layad_proto::pb;
 use tokio::sync::{Notify, oneshot};
 
-use crate::backend::{BackendError, Job, Route};
+use crate::backend::{BackendError, Job, PoolAnswer, Route};
 use crate::pool::capabilities::{Capabilities, ForwardShape, JobShape};
 use crate::pool::estimate::WarmupPoint;
-use crate::pool::queue::{PoolAnswer, ReadyWorker, State};
+use crate::pool::queue::{ReadyWorker, State};
 use crate::status::{LoadedCheckpoint, PoolStatus, WarmupReport, WorkerState, WorkerStatus};
 
 /// What the scheduler needs to know about one pool for one job.
@@ -281,20 +281,10 @@ impl Pool {
 
     /// The health record of slot `index`, created on first use.
     fn record<'a>(&self, state: &'a mut State, index: usize) -> &'a mut WorkerStatus {
-        state.workers.entry(index).or_insert_with(|| WorkerStatus {
-            id: format!("{}/{index}", self.config.name),
-            pid: None,
-            state: WorkerState::Starting,
-            device: None,
-            dtype: None,
-            checkpoints: Vec::new(),
-            restarts: 0,
-            last_exit: None,
-            last_error: None,
-            stderr_tail: Vec::new(),
-            warmup: Vec::new(),
-            parity_gate: Vec::new(),
-        })
+        state
+            .workers
+            .entry(index)
+            .or_insert_with(|| WorkerStatus::starting(format!("{}/{index}", self.config.name)))
     }
 
     /// Forgets slot `index` (scaled down by a reload).

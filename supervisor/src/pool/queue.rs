@@ -11,33 +11,13 @@ use std::time::{Duration, Instant};
 use laya::routing::CheckpointName;
 use tokio::sync::oneshot;
 
-use crate::backend::{BackendError, Job, Route};
+use crate::backend::{BackendError, Job, PoolAnswer, Route};
 use crate::pool::capabilities::{Capabilities, ForwardShape};
 use crate::pool::estimate::ServiceModel;
 use crate::status::{RouteCounts, WorkerStatus};
 
 /// Most padding a batch may add, as a share of the tokens its jobs would run alone.
 const MAX_PADDING: f64 = 0.25;
-
-/// What a pool answers for one job: the outputs and where and how they were computed. The
-/// scheduler adds how and why it chose the pool.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolAnswer {
-    /// One output per row of the job, in order.
-    pub outputs: Vec<laya::decision::RowOutput>,
-    /// The pool that ran it.
-    pub pool: String,
-    /// The worker that ran it.
-    pub worker: String,
-    /// The device the worker actually used.
-    pub device: String,
-    /// Time between queueing and a worker taking the job.
-    pub queue_wait: Duration,
-    /// Time the worker spent on the forward pass.
-    pub device_time: Duration,
-    /// Rows in that forward pass.
-    pub batch_rows: usize,
-}
 
 /// Where a job's answer goes.
 pub type Reply = oneshot::Sender<Result<PoolAnswer, BackendError>>;

@@ -10,9 +10,9 @@ use layad_proto::EngineRow;
 use layad_proto::client::ClientError;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, PoolAnswer};
 use crate::pool::capabilities::ForwardShape;
-use crate::pool::queue::{Entry, PoolAnswer};
+use crate::pool::queue::Entry;
 use crate::pool::{AdmittedWorker, Pool};
 
 /// How many times a job may be started on a worker: once, plus one retry after a worker death.

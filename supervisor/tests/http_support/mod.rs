@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::RowOutput;
 use laya::routing::CheckpointName;
-use layad::backend::{Backend, BackendError, Job, JobOutput, Route};
+use layad::backend::{Backend, BackendError, Job, JobOutput, PoolAnswer, Route};
 use layad::checkpoints::Checkpoints;
 use layad::pool::capabilities::Capabilities;
 use layad::status::{BackendStatus, LoadedCheckpoint, PoolStatus, RouteCounts, WorkerState, WorkerStatus};
@@ -125,13 +125,15 @@ impl Backend for GoldenBackend {
                 return Err(error);
             }
             Ok(JobOutput {
-                outputs,
-                pool: "gpu".into(),
-                worker: "gpu-0".into(),
-                device: "cpu".into(),
-                queue_wait: Duration::from_micros(5),
-                device_time: Duration::from_micros(700),
-                batch_rows: 1,
+                answer: PoolAnswer {
+                    outputs,
+                    pool: "gpu".into(),
+                    worker: "gpu-0".into(),
+                    device: "cpu".into(),
+                    queue_wait: Duration::from_micros(5),
+                    device_time: Duration::from_micros(700),
+                    batch_rows: 1,
+                },
                 route: Route::Preferred,
                 reason: "'gpu' is the only pool".into(),
             })
