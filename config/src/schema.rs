@@ -296,11 +296,11 @@ impl PoolConfig {
     }
 
     fn default_max_rows() -> u32 {
-        64
+        layad_proto::DEFAULT_MAX_ROWS
     }
 
     fn default_max_batch_tokens() -> u32 {
-        32_768
+        layad_proto::DEFAULT_MAX_BATCH_TOKENS
     }
 
     fn default_queue_capacity() -> u32 {
@@ -308,7 +308,8 @@ impl PoolConfig {
     }
 }
 
-/// Which worker binary a pool runs.
+/// Which worker binary a pool runs. What else differs between kinds is in the supervisor's
+/// `worker_kind.rs`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerKind {
@@ -320,6 +321,9 @@ pub enum WorkerKind {
 }
 
 impl WorkerKind {
+    /// Every kind.
+    pub const ALL: [WorkerKind; 2] = [WorkerKind::Gpu, WorkerKind::Ane];
+
     /// The worker's executable name (without any platform suffix).
     pub fn binary_name(self) -> &'static str {
         match self {

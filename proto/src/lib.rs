@@ -9,22 +9,27 @@
 //! - [`harness`]: runs an engine behind the protocol: load, warm up, bind the private Unix socket,
 //!   serve one batch at a time, drain on SIGTERM, exit when the supervisor dies.
 //! - [`client`]: [`WorkerClient`], the supervisor's cheap-to-clone handle on one worker socket.
+//! - [`rows`]: the row contract: what one forward may hold, bucket choice, default limits.
+//! - [`args`]: the command line every worker binary takes, written by the supervisor.
 //! - [`logging`]: structured log lines on stderr for worker binaries.
-//! - `validation` and `warmup` (crate-private): request checks before the engine, warm-up shapes.
+//! - `warmup` (crate-private): the warm-up shapes.
 
+pub mod args;
 pub mod client;
 pub mod engine;
 pub mod harness;
 pub mod logging;
 pub mod pb;
-mod validation;
+pub mod rows;
 mod warmup;
 
+pub use args::WorkerArgs;
 pub use client::{ClientError, ForwardResult, WorkerClient};
 pub use engine::{
     Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport,
 };
 pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
+pub use rows::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for};
 pub use warmup::WarmupPolicy;
 
 /// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer

@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use laya::checkpoint::{Checkpoint, CheckpointError, Location};
-use layad_proto::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport};
+use layad_proto::rows::usable_buckets;
+use layad_proto::{
+    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, InvalidForward, LoadedCheckpoint, ParityReport,
+    bucket_for,
+};
 use worker_gpu::Precision;
 use worker_gpu::device::CpuThreads;
 use worker_gpu::macos::MacosVersion;
@@ -275,11 +279,12 @@ impl Served {
     /// One row through host inputs, the graph and the host's act head.
     fn run_row(&mut self, row: &EngineRow) -> Result<EngineOutput, EngineError> {
         let invalid = |e: host::RowError| EngineError::InvalidArgument(e.to_string());
-        let bucket = host::bucket_for(row.ids.len(), &self.buckets).ok_or_else(|| {
-            invalid(host::RowError::TooLong {
+        let bucket = bucket_for(row.ids.len(), &self.buckets).ok_or_else(|| {
+            invalid(host::RowError::Contract(InvalidForward::RowLongerThanBuckets {
+                row: 0,
                 len: row.ids.len(),
-                longest: self.buckets.last().copied().unwrap_or(0),
-            })
+                bucket: self.buckets.last().copied().unwrap_or(0),
+            }))
         })?;
         let inputs = self.host.inputs(row, bucket).map_err(invalid)?;
         let outputs = self
@@ -304,19 +309,6 @@ pub struct AneEngine {
     device: &'static str,
     precision: Precision,
     max_batch_tokens: u32,
-}
-
-/// The buckets a checkpoint of `max_len` can use among `selected` (ascending): every one up to its
-/// longest row, and the first at or above it.
-pub fn usable_buckets(selected: &[u32], max_len: usize) -> Vec<u32> {
-    let mut usable = Vec::new();
-    for &bucket in selected.iter().filter(|&&b| b > 0) {
-        usable.push(bucket);
-        if bucket as usize >= max_len {
-            break;
-        }
-    }
-    usable
 }
 
 /// A valid row of `len` tokens for warming and probing a bucket.
@@ -460,7 +452,7 @@ fn admit(
     }
     let reference =
         artifact::read_parity(&options.artifacts.join(name).join("parity.json"), &expected).map_err(artifact_error)?;
-    let host = HostWeights::load(&checkpoint).map_err(|source| AneError::Host {
+    let host = HostWeights::load(name, &checkpoint).map_err(|source| AneError::Host {
         name: name.to_owned(),
         source,
     })?;
@@ -567,7 +559,6 @@ fn gate(
     reference: &artifact::ParityFile,
     checkpoint: &Checkpoint,
 ) -> Result<(), AneError> {
-    let max_len = checkpoint.agent.max_len;
     let mut summary = GateSummary::default();
     let longest = served.buckets.last().copied().unwrap_or(0);
     for (index, row) in reference.rows.iter().enumerate() {
@@ -576,8 +567,7 @@ fn gate(
             markers: row.markers.clone(),
             qtype: row.qtype,
         };
-        let fits =
-            engine_row.ids.len() <= max_len && host::check_row(&engine_row, served.host.vocab(), longest).is_ok();
+        let fits = host::check_row(&engine_row, &served.host.limits(longest)).is_ok();
         if !fits {
             summary.skipped_rows += 1;
             continue;
@@ -655,16 +645,6 @@ impl Engine for AneEngine {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_checkpoint_uses_buckets_up_to_the_first_that_holds_its_longest_row() {
-        assert_eq!(usable_buckets(&[64, 96, 128], 96), vec![64, 96]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 100), vec![64, 96, 128]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 512), vec![64, 96, 128]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 40), vec![64]);
-        assert_eq!(usable_buckets(&[0, 96], 40), vec![96]);
-        assert!(usable_buckets(&[], 40).is_empty());
-    }
-
     fn options(executor: ExecutorKind, precision: Precision) -> AneOptions {
         AneOptions {
             artifacts: PathBuf::from("artifacts"),
@@ -716,7 +696,13 @@ mod tests {
     fn probe_rows_are_valid_for_their_bucket() {
         for len in [1, 2, 3, 64] {
             let row = probe_row(len, 701);
-            assert_eq!(host::check_row(&row, 701, 64), Ok(()), "{len}");
+            let limits = layad_proto::RowLimits {
+                checkpoint: "english".into(),
+                vocab_size: 701,
+                max_len: 96,
+                longest_bucket: Some(64),
+            };
+            assert_eq!(host::check_row(&row, &limits), Ok(()), "{len}");
             assert_eq!(row.ids.len(), len);
         }
     }

@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use layad::service::{
+use layad::install::{
     CommandOutput, Manager, ManagerCommand, Runner, Scope, ServiceError, ServiceOptions, Step, SystemRunner, install,
     install_with, render, status_with, uninstall_with,
 };
