@@ -9,22 +9,27 @@
 //! - [`harness`]: runs an engine behind the protocol: load, warm up, bind the private Unix socket,
 //!   serve one batch at a time, drain on SIGTERM, exit when the supervisor dies.
 //! - [`client`]: [`WorkerClient`], the supervisor's cheap-to-clone handle on one worker socket.
+//! - [`rows`]: the row contract: what one forward may hold, bucket choice, default limits.
+//! - [`args`]: the command line every worker binary takes, written by the supervisor.
 //! - [`logging`]: structured log lines on stderr for worker binaries.
-//! - `validation` and `warmup` (crate-private): request checks before the engine, warm-up shapes.
+//! - `warmup` (crate-private): the warm-up shapes.
 
+pub mod args;
 pub mod client;
 pub mod engine;
 pub mod harness;
 pub mod logging;
 pub mod pb;
-mod validation;
+pub mod rows;
 mod warmup;
 
+pub use args::WorkerArgs;
 pub use client::{ClientError, ForwardResult, WorkerClient};
 pub use engine::{
     Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport,
 };
 pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
+pub use rows::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for};
 pub use warmup::WarmupPolicy;
 
 /// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer
@@ -35,3 +40,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `layad-worker-ane` without Core ML): not a crash, so the supervisor reports the pool unavailable
 /// with the worker's last error line instead of restarting it. (BSD sysexits' `EX_UNAVAILABLE`.)
 pub const EXIT_DEVICE_UNAVAILABLE: i32 = 69;
+
+/// Exit status of a worker that refuses its command line as given (a precision its executor does
+/// not run, an empty bucket list): the same arguments fail the same way every time, so the
+/// supervisor reports the pool unavailable with the worker's last error line instead of restarting
+/// it. (BSD sysexits' `EX_CONFIG`.)
+pub const EXIT_CONFIG_REFUSED: i32 = 78;

@@ -15,6 +15,16 @@ pub enum LogFormat {
     Pretty,
 }
 
+impl LogFormat {
+    /// The spelling on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Json => "json",
+            LogFormat::Pretty => "pretty",
+        }
+    }
+}
+
 impl FromStr for LogFormat {
     type Err = String;
 

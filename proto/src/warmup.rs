@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::engine::{Engine, EngineInfo, EngineRow};
 use crate::harness::HarnessError;
 use crate::pb;
-use crate::validation::check_outputs;
+use crate::rows::{check_outputs, usable_buckets};
 
 /// How a worker warms up before it binds its socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,16 +89,11 @@ pub(crate) fn plan(info: &EngineInfo, policy: &WarmupPolicy) -> Vec<WarmupShape>
             }
             singles
         } else {
-            // Every bucket a row of this checkpoint can land in: those up to its longest row, and the
-            // first one above it (rows longer than the bucket below pad to it), run at that longest row.
-            let mut singles = Vec::new();
-            for &bucket in buckets.iter().filter(|&&b| b > 0) {
-                singles.push(shape("bucket", 1, bucket.min(longest)));
-                if bucket >= longest {
-                    break;
-                }
-            }
-            singles
+            // Every bucket a row of this checkpoint can land in, run at most at its longest row.
+            usable_buckets(&buckets, longest as usize)
+                .into_iter()
+                .map(|bucket| shape("bucket", 1, bucket.min(longest)))
+                .collect()
         };
         let multi_len = singles.first().map_or(longest, |s| s.tokens_per_row);
         let multi_rows = policy
@@ -263,7 +258,7 @@ mod tests {
         ];
         let expected: Vec<_> = expected.iter().map(|&(c, s, r, t)| (c.to_owned(), s, r, t)).collect();
         assert_eq!(summary(&shapes), expected);
-        let limits = crate::validation::ForwardLimits::from_info(&info(1, 128, vec![64, 96, 128, 256]));
+        let limits = crate::rows::ForwardLimits::from_info(&info(1, 128, vec![64, 96, 128, 256]));
         for shape in &shapes {
             assert_eq!(limits.check(&shape.checkpoint, &shape.rows()), Ok(()), "{shape:?}");
         }
@@ -271,7 +266,7 @@ mod tests {
 
     #[test]
     fn synthetic_rows_are_valid_requests() {
-        let limits = crate::validation::ForwardLimits::from_info(&info(64, 8192, vec![]));
+        let limits = crate::rows::ForwardLimits::from_info(&info(64, 8192, vec![]));
         for shape in plan(
             &info(64, 8192, vec![]),
             &WarmupPolicy {

@@ -1,20 +1,22 @@
-//! The seam between the HTTP side and whatever runs the model: the [`Backend`] trait, the [`Job`] it
-//! takes, what it answers, and the status snapshot `/health`, `/readyz` and `/metrics` are built from.
-//!
-//! The worker pool (scheduler + process manager) implements it; tests implement it with goldens.
+//! The seam between request handling and whatever runs the model: the [`Backend`] trait, the [`Job`]
+//! it takes, what it answers and why it may not. The scheduler implements it; tests implement it
+//! with recorded answers. What `status()` returns is in [`crate::status`].
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use laya::decision::RowOutput;
 use laya::prompt::Row;
 use laya::routing::CheckpointName;
 
+use crate::status::BackendStatus;
+
 /// Runs prompt rows on a worker and reports on the workers. Object-safe: the server holds an
 /// `Arc<dyn Backend>`.
 pub trait Backend: Send + Sync + 'static {
     /// Runs the rows of one request on a worker that serves `job.checkpoint`. Dropping the future
-    /// (the client went away) withdraws the job if it has not started.
+    /// (the client went away, or the request's deadline passed) withdraws the job if it has not
+    /// started.
     fn run(&self, job: Job) -> BoxFuture<'static, Result<JobOutput, BackendError>>;
 
     /// A snapshot of every pool and worker, for `/health`, `/readyz` and `/metrics`.
@@ -30,14 +32,11 @@ pub struct Job {
     pub checkpoint: CheckpointName,
     /// One row per question, in request order (never empty).
     pub rows: Vec<Row>,
-    /// When the answer stops being useful: a job still queued then is dropped with
-    /// [`BackendError::DeadlineExpired`].
-    pub deadline: Instant,
 }
 
-/// What a worker computed for a job.
+/// What a pool answered for a job: the outputs, and where and how they were computed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct JobOutput {
+pub struct PoolAnswer {
     /// One output per row, same order.
     pub outputs: Vec<RowOutput>,
     /// The pool that ran it.
@@ -46,13 +45,21 @@ pub struct JobOutput {
     pub worker: String,
     /// The device the worker actually used (`cpu`, `metal`, `cuda:0`, `ane`).
     pub device: String,
-    /// Time between submission and a worker taking the job.
+    /// Time between queueing and a worker taking the job.
     pub queue_wait: Duration,
     /// Time the worker spent on the forward pass.
     pub device_time: Duration,
     /// Rows in that forward pass: more than the job's own when it shared the pass with others.
     pub batch_rows: usize,
-    /// How the pool was chosen.
+}
+
+/// What the backend answers for a job: the pool's answer, and how and why the scheduler chose that
+/// pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobOutput {
+    /// What the pool computed.
+    pub answer: PoolAnswer,
+    /// How the scheduler chose the pool.
     pub route: Route,
     /// Why, in words (the `x_layad.reason` of the answer).
     pub reason: String,
@@ -80,7 +87,7 @@ impl Route {
     }
 }
 
-/// Why a job was not run; each maps to one HTTP answer (see `error.rs`).
+/// Why a job was not run; each maps to one HTTP answer (see `http/response.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The pool's queue is full (503 with `Retry-After`).
@@ -101,239 +108,4 @@ pub enum BackendError {
     /// The worker failed on this job (500 `inference failed`); the text is logged, never sent.
     #[error("inference failed: {0}")]
     Failed(String),
-}
-
-/// Every pool, for `/health`, `/readyz` and `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct BackendStatus {
-    /// The configured pools, in configuration order.
-    pub pools: Vec<PoolStatus>,
-}
-
-impl BackendStatus {
-    /// Whether a request for `checkpoint` can run now: some ready worker has it loaded.
-    pub fn servable(&self, checkpoint: CheckpointName) -> bool {
-        self.pools
-            .iter()
-            .flat_map(|p| &p.workers)
-            .any(|w| w.state == WorkerState::Ready && w.checkpoints.iter().any(|c| c.name == checkpoint))
-    }
-}
-
-/// One pool: identical workers on one device sharing a queue.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolStatus {
-    /// The pool's configured name.
-    pub name: String,
-    /// Which worker binary it runs (`gpu`, `ane`).
-    pub worker_kind: String,
-    /// The device the configuration asked for (`auto`, `cpu`, …); workers report what they use.
-    pub device: String,
-    /// The checkpoints the pool is configured to serve.
-    pub checkpoints: Vec<CheckpointName>,
-    /// Requests waiting for a worker.
-    pub queue_depth: usize,
-    /// Most requests that may wait.
-    pub queue_capacity: usize,
-    /// Jobs running on the pool's workers now.
-    pub in_flight: usize,
-    /// Why the pool is degraded (e.g. a crash loop), if it is.
-    pub degraded: Option<String>,
-    /// Why the pool cannot run at all on this machine (its worker reported its device missing).
-    pub unavailable: Option<String>,
-    /// Replaced or removed by a reload: takes no new jobs, finishes its queue, then stops.
-    pub retiring: bool,
-    /// What it takes: most questions, longest row, buckets (from config and the workers).
-    pub capabilities: Capabilities,
-    /// Expected time until a new job could start: queued and running work per ready worker.
-    pub backlog: Duration,
-    /// Jobs placed here, by route (spilled = spilled in from another pool).
-    pub routed: RouteCounts,
-    /// Jobs that preferred this pool but spilled to another.
-    pub spilled_out: u64,
-    /// Forward passes that carried more than one job, and the jobs they carried.
-    pub batches: (u64, u64),
-    /// The pool's workers.
-    pub workers: Vec<WorkerStatus>,
-}
-
-/// One worker process.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkerStatus {
-    /// Stable id within the supervisor, e.g. `gpu-0`.
-    pub id: String,
-    /// The current process id, while one runs.
-    pub pid: Option<u32>,
-    /// Where it is in its life cycle.
-    pub state: WorkerState,
-    /// The device actually in use, once the worker reported it.
-    pub device: Option<String>,
-    /// The compute precision actually in use, once reported.
-    pub dtype: Option<String>,
-    /// The checkpoints it has loaded, as it reported them.
-    pub checkpoints: Vec<LoadedCheckpoint>,
-    /// How many times it was restarted.
-    pub restarts: u64,
-    /// How its last process ended (`exit status 1`, `killed by SIGKILL`), if one did.
-    pub last_exit: Option<String>,
-    /// The last error seen (start-up failure, RPC error), if any.
-    pub last_error: Option<String>,
-    /// The last lines its previous process wrote to stderr.
-    pub stderr_tail: Vec<String>,
-    /// Its warm-up, as reported when it became ready: (checkpoint, shape, rows, tokens per row,
-    /// steady milliseconds). Empty until then.
-    pub warmup: Vec<WarmupReport>,
-    /// The parity gate it passed before it became ready, per checkpoint (workers that run a
-    /// converted graph, such as `layad-worker-ane`); empty otherwise.
-    pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
-    /// CPU workers: the SIMD kernels their matrix products run on (`avx512`, `avx2`, `gemm`), once
-    /// reported.
-    pub cpu_kernels: Option<String>,
-}
-
-/// One warm-up shape a worker ran before it became ready.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WarmupReport {
-    /// The checkpoint.
-    pub checkpoint: String,
-    /// `short`, `longest`, `bucket`, `multi-row`.
-    pub shape: String,
-    /// Rows in the batch.
-    pub rows: u32,
-    /// Tokens per row.
-    pub tokens_per_row: u32,
-    /// Steady-state time in milliseconds.
-    pub steady_ms: f64,
-}
-
-/// Jobs routed to a pool, by how.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouteCounts {
-    /// As the preferred pool.
-    pub preferred: u64,
-    /// Spilled in from another pool.
-    pub spilled: u64,
-    /// Taken because the preferred pool could not.
-    pub fallback: u64,
-}
-
-/// What a pool takes: from its configuration, narrowed by what its workers report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Most questions (rows) of one request.
-    pub max_questions: usize,
-    /// Most rows in one forward pass.
-    pub max_rows: usize,
-    /// Longest row, when limited.
-    pub max_len: Option<usize>,
-    /// Fixed row lengths rows are padded to (empty: none).
-    pub buckets: Vec<usize>,
-    /// Most padded tokens in one forward pass.
-    pub max_batch_tokens: usize,
-}
-
-/// A checkpoint a worker has loaded, from the worker's own report.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadedCheckpoint {
-    /// Which checkpoint.
-    pub name: CheckpointName,
-    /// The snapshot commit it was loaded from, when known.
-    pub revision: Option<String>,
-    /// SHA-256 of the weights file that was loaded.
-    pub sha256: String,
-}
-
-/// A worker's life-cycle state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WorkerState {
-    /// First start: loading and warming up.
-    Starting,
-    /// Answering jobs.
-    Ready,
-    /// Its process ended; waiting for the back-off or starting again.
-    Restarting,
-    /// Finishing its jobs before stopping (shutdown).
-    Draining,
-    /// Stopped on purpose.
-    Stopped,
-    /// Given up on (crash loop) until the supervisor restarts.
-    Failed,
-}
-
-impl WorkerState {
-    /// The spelling in `/health` and `/metrics`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Starting => "starting",
-            WorkerState::Ready => "ready",
-            WorkerState::Restarting => "restarting",
-            WorkerState::Draining => "draining",
-            WorkerState::Stopped => "stopped",
-            WorkerState::Failed => "failed",
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use layad_config::PoolConfig;
-
-    fn worker(state: WorkerState, checkpoints: &[CheckpointName]) -> WorkerStatus {
-        WorkerStatus {
-            id: "gpu-0".into(),
-            pid: Some(1),
-            state,
-            device: Some("cpu".into()),
-            dtype: Some("f32".into()),
-            checkpoints: checkpoints
-                .iter()
-                .map(|&name| LoadedCheckpoint {
-                    name,
-                    revision: None,
-                    sha256: "00".into(),
-                })
-                .collect(),
-            restarts: 0,
-            last_exit: None,
-            last_error: None,
-            stderr_tail: Vec::new(),
-            warmup: Vec::new(),
-            parity_gate: Vec::new(),
-            cpu_kernels: None,
-        }
-    }
-
-    fn status(workers: Vec<WorkerStatus>) -> BackendStatus {
-        BackendStatus {
-            pools: vec![PoolStatus {
-                name: "gpu".into(),
-                worker_kind: "gpu".into(),
-                device: "auto".into(),
-                checkpoints: CheckpointName::ALL.to_vec(),
-                queue_depth: 0,
-                queue_capacity: 1,
-                in_flight: 0,
-                degraded: None,
-                unavailable: None,
-                retiring: false,
-                capabilities: Capabilities::from_config(&PoolConfig::named("gpu")),
-                backlog: Duration::ZERO,
-                routed: RouteCounts::default(),
-                spilled_out: 0,
-                batches: (0, 0),
-                workers,
-            }],
-        }
-    }
-
-    #[test]
-    fn a_checkpoint_is_servable_only_on_a_ready_worker_that_loaded_it() {
-        let english = [CheckpointName::English];
-        assert!(status(vec![worker(WorkerState::Ready, &english)]).servable(CheckpointName::English));
-        assert!(!status(vec![worker(WorkerState::Ready, &english)]).servable(CheckpointName::Multilingual));
-        assert!(!status(vec![worker(WorkerState::Starting, &english)]).servable(CheckpointName::English));
-        assert!(!status(vec![worker(WorkerState::Draining, &english)]).servable(CheckpointName::English));
-        assert!(!status(Vec::new()).servable(CheckpointName::English));
-    }
 }

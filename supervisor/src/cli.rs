@@ -4,16 +4,14 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use layad_config::{CheckpointSource, Config, Flags, Sources, ignored_upstream_variables};
+use layad_hub::FetchOptions;
 
-use crate::backend::Backend;
-use crate::decide::Checkpoints;
+use crate::checkpoints::Checkpoints;
 use crate::error::LayadError;
-use crate::process::Workers;
-use layad_hub::{FetchOptions, ProgressStyle};
+use crate::pool::capabilities::Capabilities;
 
 /// Serve the Laya typed-decision models behind the Jev-compatible `POST /v1/systemone` API.
 #[derive(Debug, Parser)]
@@ -157,7 +155,7 @@ fn fetch(args: FetchArgs) -> ExitCode {
 /// `layad service install|uninstall|status`.
 fn service(command: ServiceCommand) -> ExitCode {
     let (ServiceCommand::Install(args) | ServiceCommand::Uninstall(args) | ServiceCommand::Status(args)) = &command;
-    let options = match crate::service::ServiceOptions::from_env(args.config.clone(), args.system, args.dry_run) {
+    let options = match crate::install::ServiceOptions::from_env(args.config.clone(), args.system, args.dry_run) {
         Ok(options) => options,
         Err(e) => {
             eprintln!("layad service: {e}");
@@ -165,10 +163,10 @@ fn service(command: ServiceCommand) -> ExitCode {
         }
     };
     let outcome = match command {
-        ServiceCommand::Install(_) => crate::service::install(&options).map(|r| (r.to_string(), true)),
-        ServiceCommand::Uninstall(_) => crate::service::uninstall(&options).map(|r| (r.to_string(), true)),
+        ServiceCommand::Install(_) => crate::install::install(&options).map(|r| (r.to_string(), true)),
+        ServiceCommand::Uninstall(_) => crate::install::uninstall(&options).map(|r| (r.to_string(), true)),
         ServiceCommand::Status(_) => {
-            crate::service::status(&options).map(|s| (s.to_string(), s.output.code == Some(0)))
+            crate::install::status(&options).map(|s| (s.to_string(), s.output.code == Some(0)))
         }
     };
     match outcome {
@@ -209,110 +207,22 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(text) => tracing::info!(config = %text, api_key = config.api_key.is_some(), "configuration"),
         Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
     }
-    match serve_with(config, sources, args.offline) {
-        Ok(()) => ExitCode::SUCCESS,
+    let options = crate::RunOptions {
+        reload_from: Some(sources),
+        offline: args.offline,
+    };
+    let served = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(LayadError::Runtime)
+        .and_then(|runtime| runtime.block_on(crate::run(config, options, crate::shutdown::shutdown_signal())));
+    match served {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("layad: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn serve_with(config: Config, sources: Sources, offline: bool) -> Result<(), LayadError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(LayadError::Runtime)?;
-    // Checkpoints served from the Hugging Face cache are downloaded first if missing, unless offline.
-    let from_hub: Vec<_> = config
-        .served_checkpoints()
-        .into_iter()
-        .filter(|(_, source)| **source == CheckpointSource::HfCache)
-        .map(|(name, _)| name)
-        .collect();
-    if !from_hub.is_empty() {
-        let mut options = FetchOptions::from_env()?;
-        options.offline |= offline;
-        options.progress = ProgressStyle::Log;
-        runtime.block_on(layad_hub::ensure_cached(&from_hub, &options))?;
-    }
-    let checkpoints = Arc::new(Checkpoints::open(&config)?);
-    for (name, checkpoint) in checkpoints.iter() {
-        tracing::info!(
-            checkpoint = name.as_str(),
-            path = %checkpoint.location.dir.display(),
-            revision = checkpoint.location.revision().unwrap_or("-"),
-            sha256 = %checkpoint.weights.sha256,
-            "checkpoint opened"
-        );
-    }
-    runtime.block_on(async {
-        let workers = Workers::start(&config, &checkpoints)?;
-        let backend: Arc<dyn Backend> = workers.scheduler();
-        tokio::spawn(announce_ready(
-            config.server.listen,
-            Arc::clone(&backend),
-            Arc::clone(&checkpoints),
-        ));
-        let served = match crate::http::Server::bind(&config, checkpoints, backend).await {
-            Ok(server) => {
-                if let Ok(addr) = server.local_addr() {
-                    tracing::info!(%addr, "listening");
-                }
-                let live = server.live();
-                tokio::select! {
-                    report = server.run(crate::shutdown::shutdown_signal()) => Ok(report),
-                    never = crate::reload::reload_on_sighup(sources, config.clone(), &workers, &live) => match never {},
-                }
-            }
-            Err(e) => Err(e),
-        };
-        // Whether HTTP stopped cleanly or failed to start, no worker may outlive us.
-        workers.stop().await;
-        let report = served?;
-        tracing::info!(drained = report.drained, "stopped");
-        Ok(())
-    })
-}
-
-/// Logs one line once every served checkpoint has a ready worker: address, pools, devices,
-/// checkpoints with revisions — what a person starting the service wants to see.
-async fn announce_ready(listen: SocketAddr, backend: Arc<dyn Backend>, checkpoints: Arc<Checkpoints>) {
-    let started = std::time::Instant::now();
-    loop {
-        let status = backend.status();
-        if checkpoints.iter().all(|(name, _)| status.servable(name)) {
-            let pools: Vec<String> = status
-                .pools
-                .iter()
-                .map(|p| {
-                    // A CPU worker's device reads `cpu/avx2`: which SIMD kernels it chose at start-up.
-                    let mut devices: Vec<String> = p
-                        .workers
-                        .iter()
-                        .filter_map(|w| match (&w.device, &w.cpu_kernels) {
-                            (Some(device), Some(kernels)) => Some(format!("{device}/{kernels}")),
-                            (device, _) => device.clone(),
-                        })
-                        .collect();
-                    devices.dedup();
-                    format!("{} ({} x {})", p.name, p.workers.len(), devices.join("/"))
-                })
-                .collect();
-            let served: Vec<String> = checkpoints
-                .iter()
-                .map(|(name, c)| format!("{}@{}", name.as_str(), c.location.revision().unwrap_or("local")))
-                .collect();
-            tracing::info!(
-                "layad ready on http://{listen} in {:.1} s: pools {}; checkpoints {}",
-                started.elapsed().as_secs_f64(),
-                pools.join(", "),
-                served.join(", ")
-            );
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
@@ -356,7 +266,7 @@ fn reload(args: CheckArgs) -> ExitCode {
 
 /// `GET /health` of the local server at `listen`.
 async fn local_health(listen: SocketAddr) -> Result<serde_json::Value, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use http_body_util::{BodyExt, Empty};
     let mut addr = listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
@@ -365,21 +275,28 @@ async fn local_health(listen: SocketAddr) -> Result<serde_json::Value, String> {
             std::net::Ipv6Addr::LOCALHOST.into()
         });
     }
-    let mut stream = tokio::net::TcpStream::connect(addr)
+    let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("no layad answers on {addr} (server.listen): {e}"))?;
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
         .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/health")
+        .header(hyper::header::HOST, "localhost")
+        .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&response);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body)
-        .ok_or_else(|| format!("{addr} did not answer HTTP"))?;
-    serde_json::from_str(body).map_err(|e| format!("{addr}/health is not layad's: {e}"))
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("{addr} did not answer HTTP: {e}"))?;
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{addr}/health: {e}"))?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| format!("{addr}/health is not layad's: {e}"))
 }
 
 async fn signal_reload(listen: SocketAddr) -> Result<Vec<String>, String> {
@@ -442,11 +359,11 @@ fn check(args: CheckArgs) -> ExitCode {
             pool.workers,
             pool.worker.as_str(),
             pool.device.as_str(),
-            pool.dtype.as_str(),
+            pool.effective_dtype().as_str(),
             pool.threads,
             names.join(", ")
         );
-        let takes = crate::backend::Capabilities::from_config(pool);
+        let takes = Capabilities::from_config(pool);
         println!(
             "  takes     {}{}{}",
             takes.describe(),
@@ -461,13 +378,8 @@ fn check(args: CheckArgs) -> ExitCode {
                 String::new()
             }
         );
-        if pool.worker == layad_config::WorkerKind::Ane
-            && pool.executor == layad_config::AneExecutor::Coreml
-            && !cfg!(target_os = "macos")
-        {
-            println!(
-                "  warning   Core ML exists only on macOS: this pool will be reported unavailable and its requests served by the other pools"
-            );
+        if let Some(why) = (crate::worker_kind::spec(pool.worker).unavailable_here)(pool) {
+            println!("  warning   {why}");
         }
         // Reported, not failed: a missing worker binary is a build step, not a config mistake.
         match &binary_dir {

@@ -18,8 +18,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::backend::{Backend, WorkerState};
-use crate::decide::Timings;
+use crate::backend::Backend;
+use crate::decisions::Timings;
+use crate::status::WorkerState;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

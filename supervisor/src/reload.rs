@@ -1,64 +1,99 @@
 //! Live reconfiguration: SIGHUP re-reads the configuration from the sources it was started with
 //! and applies what can change while serving (pools, spilling, the diagnostics block).
 //!
-//! A configuration with errors changes nothing; the old one keeps running. The outcome of the last
-//! reload (and the switches it changes) live in [`LiveSettings`], which `/health` and answers read.
+//! [`plan`] works out what a reload does from the running and the new configuration alone, so each
+//! rule is tested without processes; [`reload`] loads, plans, applies and records the outcome in
+//! [`LiveSettings`], which `/health` and answers read. A configuration with errors changes nothing.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::SystemTime;
+use layad_config::{Config, ConfigError, PoolConfig, Sources};
 
-use layad_config::{Config, ConfigError, Sources};
+use crate::live::LiveSettings;
+use crate::process::{PoolChange, Workers};
 
-use crate::process::Workers;
-
-/// Settings a reload changes while serving, and how the last reload went.
-#[derive(Debug)]
-pub struct LiveSettings {
-    diagnostics: AtomicBool,
-    reloads: AtomicU64,
-    last: Mutex<Option<ReloadOutcome>>,
+/// What a reload does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReloadPlan {
+    /// One entry per pool of the new configuration, in its order, then the pools it no longer has.
+    pub pools: Vec<PoolChange>,
+    /// The new `scheduling.spill`, when it changed.
+    pub spill: Option<bool>,
+    /// The new `server.diagnostics`, when it changed.
+    pub diagnostics: Option<bool>,
+    /// Sections that changed but take effect only after a restart.
+    pub needs_restart: Vec<&'static str>,
 }
 
-/// The outcome of one reload, for `/health`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReloadOutcome {
-    /// Reloads attempted since start, this one included.
-    pub attempt: u64,
-    /// When it happened.
-    pub at: SystemTime,
-    /// `Ok(changes applied)` or `Err(why nothing changed)`.
-    pub result: Result<Vec<String>, String>,
-}
-
-impl LiveSettings {
-    /// The live settings of `config`, before any reload.
-    pub fn new(config: &Config) -> Self {
-        Self {
-            diagnostics: AtomicBool::new(config.server.diagnostics),
-            reloads: AtomicU64::new(0),
-            last: Mutex::new(None),
+impl ReloadPlan {
+    /// One line per change, e.g. `pool short: 1 → 2 workers`, for the log, `/health` and
+    /// `layad reload`.
+    pub fn changes(&self) -> Vec<String> {
+        let mut changes: Vec<String> = self.pools.iter().filter_map(PoolChange::describe).collect();
+        if let Some(spill) = self.spill {
+            changes.push(format!("scheduling.spill = {spill}"));
         }
+        if let Some(diagnostics) = self.diagnostics {
+            changes.push(format!("server.diagnostics = {diagnostics}"));
+        }
+        for section in &self.needs_restart {
+            changes.push(format!("{section} changed: needs a restart"));
+        }
+        changes
     }
+}
 
-    /// Whether answers carry the `x_layad` block.
-    pub fn diagnostics(&self) -> bool {
-        self.diagnostics.load(Ordering::Relaxed)
+/// What reloading from `running` to `loaded` does; `Err` when it cannot be applied while serving
+/// (the checkpoints changed: the supervisor opened their tokenizers at start).
+pub fn plan(running: &Config, loaded: &Config) -> Result<ReloadPlan, String> {
+    if loaded.checkpoints != running.checkpoints {
+        return Err("[checkpoints] changed; that needs a restart (layad serve)".to_owned());
     }
-
-    /// How the last reload went, if there was one.
-    pub fn last_reload(&self) -> Option<ReloadOutcome> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn record(&self, result: Result<Vec<String>, String>) {
-        let outcome = ReloadOutcome {
-            attempt: self.reloads.fetch_add(1, Ordering::Relaxed) + 1,
-            at: SystemTime::now(),
-            result,
+    let mut pools = Vec::new();
+    for wanted in &loaded.pools {
+        let checkpoints = loaded.pool_checkpoints(wanted);
+        let Some(current) = running.pools.iter().find(|p| p.name == wanted.name) else {
+            pools.push(PoolChange::Add {
+                pool: wanted.clone(),
+                checkpoints,
+            });
+            continue;
         };
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        let same_but_size = PoolConfig {
+            workers: current.workers,
+            ..wanted.clone()
+        } == *current
+            && running.pool_checkpoints(current) == checkpoints;
+        pools.push(if !same_but_size {
+            PoolChange::Replace {
+                pool: wanted.clone(),
+                checkpoints,
+            }
+        } else if wanted.workers != current.workers {
+            PoolChange::Scale {
+                name: wanted.name.clone(),
+                from: current.workers,
+                to: wanted.workers,
+            }
+        } else {
+            PoolChange::Keep {
+                name: wanted.name.clone(),
+            }
+        });
     }
+    for gone in running
+        .pools
+        .iter()
+        .filter(|p| !loaded.pools.iter().any(|w| w.name == p.name))
+    {
+        pools.push(PoolChange::Remove {
+            name: gone.name.clone(),
+        });
+    }
+    Ok(ReloadPlan {
+        pools,
+        spill: (loaded.scheduling != running.scheduling).then_some(loaded.scheduling.spill),
+        diagnostics: (loaded.server.diagnostics != running.server.diagnostics).then_some(loaded.server.diagnostics),
+        needs_restart: needs_restart(running, loaded),
+    })
 }
 
 /// Keys a reload cannot apply, compared section by section: a change there is reported, not applied.
@@ -102,31 +137,23 @@ fn load_and_apply(
     live: &LiveSettings,
 ) -> Result<Vec<String>, String> {
     let loaded = Config::load(sources).map_err(|e: ConfigError| e.to_string())?;
-    if loaded.checkpoints != running.checkpoints {
-        // The supervisor opened the checkpoints' tokenizers at start; new ones need a restart.
-        return Err("[checkpoints] changed; that needs a restart (layad serve)".to_owned());
+    let plan = plan(running, &loaded)?;
+    workers.apply(&loaded, &plan.pools).map_err(|e| e.to_string())?;
+    if let Some(diagnostics) = plan.diagnostics {
+        live.set_diagnostics(diagnostics);
     }
-    let mut changes = workers.reload(&loaded).map_err(|e| e.to_string())?.changes;
-    if loaded.scheduling != running.scheduling {
-        changes.push(format!("scheduling.spill = {}", loaded.scheduling.spill));
-    }
-    if loaded.server.diagnostics != running.server.diagnostics {
-        live.diagnostics.store(loaded.server.diagnostics, Ordering::Relaxed);
-        changes.push(format!("server.diagnostics = {}", loaded.server.diagnostics));
-    }
-    for section in needs_restart(running, &loaded) {
+    for section in &plan.needs_restart {
         tracing::warn!("{section} changed; it takes effect only after a restart");
-        changes.push(format!("{section} changed: needs a restart"));
     }
     // Keep what runs: the sections a restart would apply stay as they were.
     running.pools = loaded.pools;
     running.scheduling = loaded.scheduling;
     running.server.diagnostics = loaded.server.diagnostics;
-    Ok(changes)
+    Ok(plan.changes())
 }
 
 /// Reloads on every SIGHUP; never returns (drop it to stop listening).
-pub async fn reload_on_sighup(
+pub async fn reload_task(
     sources: Sources,
     mut running: Config,
     workers: &Workers,
@@ -142,4 +169,99 @@ pub async fn reload_on_sighup(
         Err(error) => tracing::error!(%error, "cannot listen for SIGHUP; reload is unavailable"),
     }
     std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use laya::routing::CheckpointName;
+    use layad_config::CheckpointSource;
+
+    fn two_pools() -> Config {
+        let mut config = Config::default();
+        let mut short = PoolConfig::named("short");
+        short.max_questions = Some(1);
+        config.pools.push(short);
+        config
+    }
+
+    #[test]
+    fn an_unchanged_configuration_changes_nothing() {
+        let config = two_pools();
+        let plan = plan(&config, &config).expect("plan");
+        assert!(plan.changes().is_empty(), "{:?}", plan.changes());
+        assert_eq!(
+            plan.pools,
+            [
+                PoolChange::Keep { name: "gpu".into() },
+                PoolChange::Keep { name: "short".into() }
+            ]
+        );
+    }
+
+    #[test]
+    fn pools_are_scaled_replaced_added_and_removed_in_the_new_order() {
+        let running = two_pools();
+        let mut loaded = two_pools();
+        loaded.pools[0].workers = 3;
+        loaded.pools[1].max_tokens = Some(128);
+        loaded.pools.insert(0, PoolConfig::named("extra"));
+        let plan = plan(&running, &loaded).expect("plan");
+        assert_eq!(
+            plan.changes(),
+            [
+                "pool extra: added",
+                "pool gpu: 1 → 3 workers",
+                "pool short: replaced (configuration changed)"
+            ]
+        );
+        // A pool the new configuration lacks is removed, after the ones it has.
+        let plan = super::plan(&loaded, &running).expect("plan");
+        assert_eq!(
+            plan.changes(),
+            [
+                "pool gpu: 3 → 1 workers",
+                "pool short: replaced (configuration changed)",
+                "pool extra: removed"
+            ]
+        );
+        // A changed size together with another change replaces the pool.
+        let mut both = two_pools();
+        both.pools[1].workers = 2;
+        both.pools[1].dtype = Some(layad_config::Dtype::F16);
+        assert!(matches!(
+            &super::plan(&running, &both).expect("plan").pools[1],
+            PoolChange::Replace { pool, .. } if pool.workers == 2
+        ));
+    }
+
+    #[test]
+    fn switches_apply_and_other_sections_wait_for_a_restart() {
+        let running = Config::default();
+        let mut loaded = Config::default();
+        loaded.scheduling.spill = false;
+        loaded.server.diagnostics = false;
+        loaded.server.max_connections = 7;
+        loaded.workers.stop_timeout = std::time::Duration::from_secs(1);
+        let plan = plan(&running, &loaded).expect("plan");
+        assert_eq!((plan.spill, plan.diagnostics), (Some(false), Some(false)));
+        assert_eq!(
+            plan.changes(),
+            [
+                "scheduling.spill = false",
+                "server.diagnostics = false",
+                "[server] (other than diagnostics) changed: needs a restart",
+                "[workers] changed: needs a restart"
+            ]
+        );
+    }
+
+    #[test]
+    fn changed_checkpoints_are_refused() {
+        let running = Config::default();
+        let mut loaded = Config::default();
+        *loaded.checkpoints.source_mut(CheckpointName::Multilingual) = CheckpointSource::Off;
+        let refused = plan(&running, &loaded).expect_err("refused");
+        assert!(refused.contains("[checkpoints] changed"), "{refused}");
+    }
 }

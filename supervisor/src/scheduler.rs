@@ -1,5 +1,6 @@
 //! The scheduler: places each job on a pool by its shape, spills it to another capable pool when it
-//! would finish strictly earlier there, and waits for the answer within the job's deadline.
+//! would finish strictly earlier there, and waits for the pool's answer. It alone decides a job's
+//! route and the reason given for it.
 //!
 //! Placement is [`place`], a pure function of what each pool reports ([`PoolView`]), so every rule
 //! is unit-tested without processes. The pool list can be swapped by a reload while jobs run.
@@ -10,9 +11,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::backend::{Backend, BackendError, BackendStatus, Job, JobOutput, Route};
-use crate::estimate::ForwardShape;
-use crate::pool::{JobShape, Pool, PoolView};
+use crate::backend::{Backend, BackendError, Job, JobOutput, Route};
+use crate::pool::capabilities::{ForwardShape, JobShape};
+use crate::pool::{Pool, PoolView};
+use crate::status::BackendStatus;
 
 /// Routes jobs to pools.
 #[derive(Debug)]
@@ -188,7 +190,8 @@ impl Scheduler {
         self.spill.store(spill, Ordering::Relaxed);
     }
 
-    /// Queues `job` and waits for its answer, at most until its deadline.
+    /// Queues `job` and waits for its answer. The caller bounds the wait: dropping this future
+    /// withdraws the job.
     async fn submit(pools: Vec<Arc<Pool>>, spill: bool, job: Job) -> Result<JobOutput, BackendError> {
         let serving: Vec<Arc<Pool>> = pools
             .into_iter()
@@ -200,7 +203,6 @@ impl Scheduler {
         let shape = JobShape::of(&job.rows);
         let views: Vec<PoolView> = serving.iter().map(|p| p.view(job.checkpoint, shape)).collect();
         let placement = place(&views, shape, spill)?;
-        let deadline = tokio::time::Instant::from_std(job.deadline);
         let mut answer = None;
         let mut last_error = None;
         for (attempt, i) in std::iter::once(placement.pool)
@@ -236,16 +238,10 @@ impl Scheduler {
             let from = placement.spilled_from.unwrap_or(placement.pool);
             serving[from].count_spilled_out();
         }
-        match tokio::time::timeout_at(deadline, receiver).await {
-            Ok(Ok(result)) => result.map(|output| JobOutput {
-                route,
-                reason,
-                ..output
-            }),
+        match receiver.await {
+            Ok(answer) => answer.map(|answer| JobOutput { answer, route, reason }),
             // The pool dropped the job without answering: it is shutting down.
-            Ok(Err(_)) => Err(BackendError::Failed("the pool shut down before answering".to_owned())),
-            // Dropping the receiver withdraws the job: the pool skips it when it reaches the front.
-            Err(_) => Err(BackendError::DeadlineExpired),
+            Err(_) => Err(BackendError::Failed("the pool shut down before answering".to_owned())),
         }
     }
 }
@@ -266,7 +262,7 @@ impl Backend for Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Capabilities;
+    use crate::pool::capabilities::Capabilities;
 
     fn caps(max_questions: usize, max_len: Option<usize>) -> Capabilities {
         Capabilities {

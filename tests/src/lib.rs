@@ -1,5 +1,6 @@
 //! Harness for whole-system tests: finds (or builds) the real `layad` and worker binaries, starts
-//! `layad serve` on the fixture checkpoints with a given config, and speaks plain HTTP/1.1 to it.
+//! `layad serve` on the fixture checkpoints with a given config, and speaks plain HTTP/1.1 to it
+//! ([`http`], the one test client, which the supervisor's in-process tests use too).
 //!
 //! Nothing here is mocked: every test drives real processes over real sockets on loopback.
 
@@ -9,12 +10,13 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use layad_config::WorkerKind;
 
 pub mod goldens;
+pub mod http;
 
 pub use goldens::{deliberate_difference, fixture_json, json_differences};
+pub use http::{Framing, Request, Response, get, post_json, request, send};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -37,22 +39,18 @@ pub fn bin_dir() -> &'static Path {
         if dir.file_name().is_some_and(|n| n == "deps") {
             dir.pop();
         }
-        let missing = ["layad", "layad-worker-gpu", "layad-worker-ane"]
-            .iter()
-            .any(|b| !dir.join(b).is_file());
-        if missing {
+        let binaries: Vec<&str> = std::iter::once("layad")
+            .chain(WorkerKind::ALL.iter().map(|kind| kind.binary_name()))
+            .collect();
+        if binaries.iter().any(|b| !dir.join(b).is_file()) {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let mut build = Command::new(cargo);
-            build.current_dir(repo_root()).args([
-                "build",
-                "-p",
-                "layad",
-                "-p",
-                "layad-worker-gpu",
-                "-p",
-                "layad-worker-ane",
-                "--bins",
-            ]);
+            build.current_dir(repo_root()).arg("build");
+            // Each binary is its package's name.
+            for package in &binaries {
+                build.args(["-p", package]);
+            }
+            build.arg("--bins");
             if dir.file_name().is_some_and(|n| n == "release") {
                 build.arg("--release");
             }
@@ -187,69 +185,6 @@ impl Drop for Server {
     }
 }
 
-/// An HTTP response.
-#[derive(Clone, Debug)]
-pub struct Response {
-    /// Status code.
-    pub status: u16,
-    /// Headers, names lower-cased, in order.
-    pub headers: Vec<(String, String)>,
-    /// The body bytes.
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// The first header called `name` (lower case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-    }
-
-    /// The body as text.
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// The body as JSON.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
-    }
-}
-
-/// `GET path`.
-pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
-    request(addr, "GET", path, &[], b"").await
-}
-
-/// `POST path` with a JSON body.
-pub async fn post_json(addr: SocketAddr, path: &str, body: &[u8]) -> std::io::Result<Response> {
-    request(addr, "POST", path, &[("content-type", "application/json")], body).await
-}
-
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`), with a `Content-Length` body.
-pub async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<Response> {
-    let mut stream = TcpStream::connect(addr).await?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
-    if !body.is_empty() || method == "POST" {
-        head.push_str(&format!("content-length: {}\r\n", body.len()));
-    }
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    parse_response(&raw)
-        .ok_or_else(|| std::io::Error::other(format!("malformed response: {}", String::from_utf8_lossy(&raw))))
-}
-
 /// The socket address of a base URL such as `http://127.0.0.1:8642` or `http://localhost:8642/`
 /// (plain HTTP only: the helpers here speak HTTP/1.1 without TLS).
 pub fn addr_of_url(url: &str) -> Result<SocketAddr, String> {
@@ -294,41 +229,4 @@ pub fn server_timing(header: Option<&str>, metric: &str) -> Option<f64> {
         let rest = part.trim().strip_prefix(metric)?.strip_prefix(";dur=")?;
         rest.split(';').next()?.trim().parse().ok()
     })
-}
-
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
-    {
-        body = dechunk(&body)?;
-    }
-    Some(Response { status, headers, body })
-}
-
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(
-            std::str::from_utf8(&data[..line_end]).ok()?.split(';').next()?.trim(),
-            16,
-        )
-        .ok()?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
-    }
 }

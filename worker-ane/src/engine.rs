@@ -9,9 +9,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use laya::checkpoint::{Checkpoint, CheckpointError, Location};
-use layad_proto::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport};
+use layad_proto::rows::usable_buckets;
+use layad_proto::{
+    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, InvalidForward, LoadedCheckpoint, ParityReport,
+    bucket_for,
+};
 use worker_gpu::Precision;
 use worker_gpu::device::CpuThreads;
+use worker_gpu::macos::MacosVersion;
 
 use crate::artifact::{self, Artifact, ArtifactError, Expected};
 use crate::executor::candle::CandleExecutor;
@@ -66,6 +71,14 @@ pub enum AneError {
         "--executor coreml: Core ML is not available on {0} (this build has no Core ML executor); run on macOS or use --executor candle"
     )]
     CoreMlUnavailable(&'static str),
+    /// This macOS is older than the Core ML graphs need.
+    #[error("--executor coreml: {0}")]
+    MacosTooOld(String),
+    /// `--device cpu` with Core ML, which is pinned to the CPU and Neural Engine.
+    #[error(
+        "--device cpu with --executor coreml: Core ML is pinned to the CPU and Neural Engine; use --executor candle for the CPU"
+    )]
+    CoreMlOnCpu,
     /// Nothing to serve.
     #[error("no checkpoint to load")]
     NoCheckpoints,
@@ -183,12 +196,14 @@ pub enum AneError {
 }
 
 impl AneError {
-    /// True when the device or its artifacts do not exist here (Core ML absent, artifacts missing,
-    /// graph not placed on the Neural Engine): the binary exits with `EXIT_DEVICE_UNAVAILABLE`.
+    /// True when the device or its artifacts do not exist here (Core ML absent, macOS too old,
+    /// artifacts missing, graph not placed on the Neural Engine): the binary exits with
+    /// `EXIT_DEVICE_UNAVAILABLE`.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
             AneError::CoreMlUnavailable(_)
+                | AneError::MacosTooOld(_)
                 | AneError::MissingBucket { .. }
                 | AneError::Placement { .. }
                 | AneError::Artifact {
@@ -196,6 +211,54 @@ impl AneError {
                     ..
                 }
         )
+    }
+}
+
+impl AneError {
+    /// True when the command line asks for something this worker never runs (a precision its
+    /// executor lacks, Core ML on the CPU, no checkpoint or bucket, a name twice): the same
+    /// arguments fail the same way every time, so the binary exits with `EXIT_CONFIG_REFUSED`
+    /// and the supervisor does not restart it.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            AneError::Precision { .. }
+                | AneError::CoreMlOnCpu
+                | AneError::NoCheckpoints
+                | AneError::DuplicateName(_)
+                | AneError::NoBuckets(_)
+        )
+    }
+}
+
+impl AneOptions {
+    /// What can be refused before any checkpoint is opened, configuration first (it is wrong
+    /// everywhere), then the platform: the executor's precision, then Core ML's presence and the
+    /// macOS version (`os` and `macos` describe the machine; `None`: not known).
+    pub fn check(&self, os: &'static str, macos: Option<MacosVersion>) -> Result<(), AneError> {
+        let (executor, supported) = match self.executor {
+            ExecutorKind::CoreMl => ("coreml", [Precision::F16].as_slice()),
+            ExecutorKind::Candle => ("candle", [Precision::F16, Precision::F32].as_slice()),
+        };
+        if !supported.contains(&self.precision) {
+            return Err(AneError::Precision {
+                precision: self.precision,
+                executor,
+                supported: if executor == "coreml" { "f16 only" } else { "f16 or f32" },
+            });
+        }
+        if self.executor != ExecutorKind::CoreMl {
+            return Ok(());
+        }
+        if os != "macos" {
+            return Err(AneError::CoreMlUnavailable(os));
+        }
+        match macos {
+            Some(version) => version
+                .supports("the Core ML executor (artifacts converted for macOS 15)")
+                .map_err(AneError::MacosTooOld),
+            None => Ok(()),
+        }
     }
 }
 
@@ -216,11 +279,12 @@ impl Served {
     /// One row through host inputs, the graph and the host's act head.
     fn run_row(&mut self, row: &EngineRow) -> Result<EngineOutput, EngineError> {
         let invalid = |e: host::RowError| EngineError::InvalidArgument(e.to_string());
-        let bucket = host::bucket_for(row.ids.len(), &self.buckets).ok_or_else(|| {
-            invalid(host::RowError::TooLong {
+        let bucket = bucket_for(row.ids.len(), &self.buckets).ok_or_else(|| {
+            invalid(host::RowError::Contract(InvalidForward::RowLongerThanBuckets {
+                row: 0,
                 len: row.ids.len(),
-                longest: self.buckets.last().copied().unwrap_or(0),
-            })
+                bucket: self.buckets.last().copied().unwrap_or(0),
+            }))
         })?;
         let inputs = self.host.inputs(row, bucket).map_err(invalid)?;
         let outputs = self
@@ -247,19 +311,6 @@ pub struct AneEngine {
     max_batch_tokens: u32,
 }
 
-/// The buckets a checkpoint of `max_len` can use among `selected` (ascending): every one up to its
-/// longest row, and the first at or above it.
-pub fn usable_buckets(selected: &[u32], max_len: usize) -> Vec<u32> {
-    let mut usable = Vec::new();
-    for &bucket in selected.iter().filter(|&&b| b > 0) {
-        usable.push(bucket);
-        if bucket as usize >= max_len {
-            break;
-        }
-    }
-    usable
-}
-
 /// A valid row of `len` tokens for warming and probing a bucket.
 fn probe_row(len: usize, vocab: usize) -> EngineRow {
     let ids = (0..len)
@@ -272,23 +323,14 @@ fn probe_row(len: usize, vocab: usize) -> EngineRow {
 impl AneEngine {
     /// Admits and loads every `(name, location)` checkpoint from `options.artifacts`.
     pub fn load(checkpoints: &[(String, Location)], options: &AneOptions) -> Result<Self, AneError> {
-        if options.executor == ExecutorKind::CoreMl && !cfg!(target_os = "macos") {
-            return Err(AneError::CoreMlUnavailable(std::env::consts::OS));
-        }
+        options.check(std::env::consts::OS, MacosVersion::running())?;
         if checkpoints.is_empty() {
             return Err(AneError::NoCheckpoints);
         }
-        let (device, supported) = match options.executor {
-            ExecutorKind::CoreMl => ("ane", [Precision::F16].as_slice()),
-            ExecutorKind::Candle => ("cpu", [Precision::F16, Precision::F32].as_slice()),
+        let device = match options.executor {
+            ExecutorKind::CoreMl => "ane",
+            ExecutorKind::Candle => "cpu",
         };
-        if !supported.contains(&options.precision) {
-            return Err(AneError::Precision {
-                precision: options.precision,
-                executor: if device == "ane" { "coreml" } else { "candle" },
-                supported: if device == "ane" { "f16 only" } else { "f16 or f32" },
-            });
-        }
         let mut discovered = Vec::with_capacity(checkpoints.len());
         for (name, _) in checkpoints {
             if discovered.iter().any(|(n, _)| n == name) {
@@ -410,7 +452,7 @@ fn admit(
     }
     let reference =
         artifact::read_parity(&options.artifacts.join(name).join("parity.json"), &expected).map_err(artifact_error)?;
-    let host = HostWeights::load(&checkpoint).map_err(|source| AneError::Host {
+    let host = HostWeights::load(name, &checkpoint).map_err(|source| AneError::Host {
         name: name.to_owned(),
         source,
     })?;
@@ -517,7 +559,6 @@ fn gate(
     reference: &artifact::ParityFile,
     checkpoint: &Checkpoint,
 ) -> Result<(), AneError> {
-    let max_len = checkpoint.agent.max_len;
     let mut summary = GateSummary::default();
     let longest = served.buckets.last().copied().unwrap_or(0);
     for (index, row) in reference.rows.iter().enumerate() {
@@ -526,8 +567,7 @@ fn gate(
             markers: row.markers.clone(),
             qtype: row.qtype,
         };
-        let fits =
-            engine_row.ids.len() <= max_len && host::check_row(&engine_row, served.host.vocab(), longest).is_ok();
+        let fits = host::check_row(&engine_row, &served.host.limits(longest)).is_ok();
         if !fits {
             summary.skipped_rows += 1;
             continue;
@@ -605,21 +645,64 @@ impl Engine for AneEngine {
 mod tests {
     use super::*;
 
+    fn options(executor: ExecutorKind, precision: Precision) -> AneOptions {
+        AneOptions {
+            artifacts: PathBuf::from("artifacts"),
+            executor,
+            precision,
+            buckets: None,
+            threads: None,
+            max_batch_tokens: 128,
+            cache_dir: PathBuf::from("cache"),
+        }
+    }
+
     #[test]
-    fn a_checkpoint_uses_buckets_up_to_the_first_that_holds_its_longest_row() {
-        assert_eq!(usable_buckets(&[64, 96, 128], 96), vec![64, 96]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 100), vec![64, 96, 128]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 512), vec![64, 96, 128]);
-        assert_eq!(usable_buckets(&[64, 96, 128], 40), vec![64]);
-        assert_eq!(usable_buckets(&[0, 96], 40), vec![96]);
-        assert!(usable_buckets(&[], 40).is_empty());
+    fn configuration_is_refused_before_the_platform_and_never_restarted() {
+        let sequoia = Some(MacosVersion::new(15, 2));
+        let coreml_f32 = options(ExecutorKind::CoreMl, Precision::F32);
+        // Wrong on every machine, so refused as configuration even where Core ML is missing.
+        for (os, macos) in [("macos", sequoia), ("linux", None)] {
+            let error = coreml_f32.check(os, macos).expect_err("f32 with Core ML");
+            assert!(error.is_configuration() && !error.is_unavailable(), "{error}");
+            assert_eq!(error.to_string(), "--dtype f32: coreml runs f16 only");
+        }
+        let coreml = options(ExecutorKind::CoreMl, Precision::F16);
+        assert!(coreml.check("macos", sequoia).is_ok());
+        assert!(
+            coreml.check("macos", None).is_ok(),
+            "an unreadable version is not a refusal"
+        );
+        let error = coreml.check("linux", None).expect_err("no Core ML");
+        assert!(error.is_unavailable() && !error.is_configuration(), "{error}");
+        let error = coreml
+            .check("macos", Some(MacosVersion::new(14, 7)))
+            .expect_err("too old");
+        assert!(error.is_unavailable(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("needs macOS 15.0 or later; this is macOS 14.7"),
+            "{error}"
+        );
+        // candle runs anywhere, in either precision.
+        for precision in [Precision::F16, Precision::F32] {
+            assert!(options(ExecutorKind::Candle, precision).check("linux", None).is_ok());
+        }
+        assert!(AneError::CoreMlOnCpu.is_configuration());
     }
 
     #[test]
     fn probe_rows_are_valid_for_their_bucket() {
         for len in [1, 2, 3, 64] {
             let row = probe_row(len, 701);
-            assert_eq!(host::check_row(&row, 701, 64), Ok(()), "{len}");
+            let limits = layad_proto::RowLimits {
+                checkpoint: "english".into(),
+                vocab_size: 701,
+                max_len: 96,
+                longest_bucket: Some(64),
+            };
+            assert_eq!(host::check_row(&row, &limits), Ok(()), "{len}");
             assert_eq!(row.ids.len(), len);
         }
     }

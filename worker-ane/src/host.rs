@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use laya::checkpoint::Checkpoint;
-use layad_proto::{EngineOutput, EngineRow};
+use layad_proto::{EngineOutput, EngineRow, InvalidForward, RowLimits};
 use serde_json::Value;
 
 /// Option slots of the graph (`max_options` in a manifest); rows with more markers are refused.
@@ -46,49 +46,15 @@ pub enum HostError {
 /// Why a row cannot be turned into graph inputs: always the request's fault.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RowError {
-    /// The row has no tokens.
-    #[error("the row has no tokens")]
-    Empty,
-    /// No bucket holds the row.
-    #[error("the row has {len} tokens; the longest length bucket is {longest}")]
-    TooLong {
-        /// Tokens in the row.
-        len: usize,
-        /// The largest bucket.
-        longest: u32,
-    },
+    /// The row breaks the worker protocol's row contract, or is longer than its bucket.
+    #[error(transparent)]
+    Contract(#[from] InvalidForward),
     /// More option markers than the graph has slots.
     #[error("the row has {markers} option markers; the Neural Engine graph takes at most {SLOTS}")]
     TooManyMarkers {
         /// Markers in the row.
         markers: usize,
     },
-    /// The row has no markers.
-    #[error("the row has no option markers")]
-    NoMarkers,
-    /// A marker outside the row.
-    #[error("marker {slot} is at position {position}, outside the row's {len} tokens")]
-    MarkerOutside {
-        /// Marker index.
-        slot: usize,
-        /// Its position.
-        position: u32,
-        /// Tokens in the row.
-        len: usize,
-    },
-    /// A token id outside the vocabulary.
-    #[error("token {position} is id {id}; the checkpoint has ids 0..{vocab}")]
-    IdOutOfRange {
-        /// Position in the row.
-        position: usize,
-        /// The id.
-        id: u32,
-        /// Vocabulary size.
-        vocab: usize,
-    },
-    /// An unknown question type.
-    #[error("question type {0}; expected 0 (choice), 1 (score) or 2 (noul)")]
-    Qtype(u32),
 }
 
 /// A token-embedding table kept in the dtype it is stored in (the f16 file of a published checkpoint
@@ -112,6 +78,10 @@ impl Table {
 
 /// What the host needs from a checkpoint: token embeddings, type embeddings and the act head.
 pub struct HostWeights {
+    /// The checkpoint's name, for messages.
+    name: String,
+    /// Its longest row.
+    max_len: usize,
     table: Table,
     vocab: usize,
     hidden: usize,
@@ -128,8 +98,9 @@ pub struct HostWeights {
 }
 
 impl HostWeights {
-    /// Reads the five host tensors of `checkpoint`'s weights file (only their bytes, not the file).
-    pub fn load(checkpoint: &Checkpoint) -> Result<Self, HostError> {
+    /// Reads the five host tensors of `checkpoint`'s weights file (only their bytes, not the file);
+    /// `name` is what the worker serves it as.
+    pub fn load(name: &str, checkpoint: &Checkpoint) -> Result<Self, HostError> {
         let path = &checkpoint.weights.path;
         let (vocab, hidden) = (checkpoint.encoder.vocab_size, checkpoint.encoder.hidden_size);
         let mut file = TensorFile::open(path)?;
@@ -153,6 +124,8 @@ impl HostWeights {
             Ok(Tensor::from_vec(data, (rows, cols), cpu)?.t()?.contiguous()?)
         };
         Ok(Self {
+            name: name.to_owned(),
+            max_len: checkpoint.agent.max_len,
             table,
             vocab,
             hidden,
@@ -175,11 +148,21 @@ impl HostWeights {
         self.vocab
     }
 
+    /// What a row of this checkpoint may hold when padded to `bucket`.
+    pub fn limits(&self, bucket: u32) -> RowLimits {
+        RowLimits {
+            checkpoint: self.name.clone(),
+            vocab_size: u32::try_from(self.vocab).unwrap_or(u32::MAX),
+            max_len: u32::try_from(self.max_len).unwrap_or(u32::MAX),
+            longest_bucket: Some(bucket),
+        }
+    }
+
     /// The graph inputs of `row` padded to `bucket`.
     pub fn inputs(&self, row: &EngineRow, bucket: u32) -> Result<GraphInputs, RowError> {
         let len = row.ids.len();
         let l = bucket as usize;
-        check_row(row, self.vocab, bucket)?;
+        check_row(row, &self.limits(bucket))?;
         let c = self.hidden;
         // (1, C, 1, L): channel-major, so each token's row is scattered with stride L.
         let mut embeddings = vec![0f32; c * l];
@@ -231,38 +214,16 @@ impl HostWeights {
     }
 }
 
-/// Checks `row` against the graph: tokens, ids, markers, type, and that `bucket` holds it.
-pub fn check_row(row: &EngineRow, vocab: usize, bucket: u32) -> Result<(), RowError> {
-    let len = row.ids.len();
-    if len == 0 {
-        return Err(RowError::Empty);
-    }
-    if len > bucket as usize {
-        return Err(RowError::TooLong { len, longest: bucket });
-    }
-    if row.markers.is_empty() {
-        return Err(RowError::NoMarkers);
-    }
+/// Checks `row` against the row contract within `limits` (tokens, ids, markers, type, and that its
+/// bucket holds it), then against the graph's option slots.
+pub fn check_row(row: &EngineRow, limits: &RowLimits) -> Result<(), RowError> {
+    limits.check(0, row)?;
     if row.markers.len() > SLOTS {
         return Err(RowError::TooManyMarkers {
             markers: row.markers.len(),
         });
     }
-    if let Some((slot, &position)) = row.markers.iter().enumerate().find(|(_, m)| **m as usize >= len) {
-        return Err(RowError::MarkerOutside { slot, position, len });
-    }
-    if let Some((position, &id)) = row.ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
-        return Err(RowError::IdOutOfRange { position, id, vocab });
-    }
-    if row.qtype > 2 {
-        return Err(RowError::Qtype(row.qtype));
-    }
     Ok(())
-}
-
-/// The smallest of `buckets` (ascending) that holds a row of `len` tokens.
-pub fn bucket_for(len: usize, buckets: &[u32]) -> Option<u32> {
-    buckets.iter().copied().find(|&b| b as usize >= len)
 }
 
 /// `full_mask` and `local_mask` in the graph's (1, key, 1, query) layout for a row of `len` tokens
@@ -523,49 +484,66 @@ mod tests {
         assert_eq!(at(&local, 2, 1), 0.0);
     }
 
-    #[test]
-    fn buckets_are_the_smallest_that_holds_the_row() {
-        let buckets = [64, 96, 128];
-        assert_eq!(bucket_for(1, &buckets), Some(64));
-        assert_eq!(bucket_for(64, &buckets), Some(64));
-        assert_eq!(bucket_for(65, &buckets), Some(96));
-        assert_eq!(bucket_for(128, &buckets), Some(128));
-        assert_eq!(bucket_for(129, &buckets), None);
+    /// A checkpoint with `vocab` ids whose rows pad to `bucket`.
+    fn limits(vocab: u32, bucket: u32) -> RowLimits {
+        RowLimits {
+            checkpoint: "english".into(),
+            vocab_size: vocab,
+            max_len: 512,
+            longest_bucket: Some(bucket),
+        }
     }
 
     #[test]
     fn rows_the_graph_cannot_take_are_refused() {
+        let contract = |e: InvalidForward| Err(RowError::Contract(e));
         let ok = row(vec![1, 2, 3], vec![1, 2], 0);
-        assert_eq!(check_row(&ok, 10, 4), Ok(()));
+        assert_eq!(check_row(&ok, &limits(10, 4)), Ok(()));
         assert_eq!(
-            check_row(&row(vec![1; 5], vec![1], 0), 10, 4),
-            Err(RowError::TooLong { len: 5, longest: 4 })
+            check_row(&row(vec![1; 5], vec![1], 0), &limits(10, 4)),
+            contract(InvalidForward::RowLongerThanBuckets {
+                row: 0,
+                len: 5,
+                bucket: 4
+            })
         );
         let many: Vec<u32> = (0..33).collect();
         assert_eq!(
-            check_row(&row(vec![1; 40], many, 0), 10, 64),
+            check_row(&row(vec![1; 40], many, 0), &limits(10, 64)),
             Err(RowError::TooManyMarkers { markers: 33 })
         );
         let slots: Vec<u32> = (0..32).collect();
-        assert_eq!(check_row(&row(vec![1; 40], slots, 0), 10, 64), Ok(()));
-        assert_eq!(check_row(&row(vec![], vec![], 0), 10, 4), Err(RowError::Empty));
-        assert_eq!(check_row(&row(vec![1], vec![], 0), 10, 4), Err(RowError::NoMarkers));
+        assert_eq!(check_row(&row(vec![1; 40], slots, 0), &limits(10, 64)), Ok(()));
         assert_eq!(
-            check_row(&row(vec![1, 2], vec![2], 0), 10, 4),
-            Err(RowError::MarkerOutside {
-                slot: 0,
+            check_row(&row(vec![], vec![], 0), &limits(10, 4)),
+            contract(InvalidForward::EmptyRow { row: 0 })
+        );
+        assert_eq!(
+            check_row(&row(vec![1], vec![], 0), &limits(10, 4)),
+            contract(InvalidForward::NoMarkers { row: 0 })
+        );
+        assert_eq!(
+            check_row(&row(vec![1, 2], vec![2], 0), &limits(10, 4)),
+            contract(InvalidForward::MarkerOutsideRow {
+                row: 0,
+                marker: 0,
                 position: 2,
                 len: 2
             })
         );
         assert_eq!(
-            check_row(&row(vec![1, 10], vec![1], 0), 10, 4),
-            Err(RowError::IdOutOfRange {
+            check_row(&row(vec![1, 10], vec![1], 0), &limits(10, 4)),
+            contract(InvalidForward::IdOutOfRange {
+                row: 0,
                 position: 1,
                 id: 10,
-                vocab: 10
+                checkpoint: "english".into(),
+                vocab_size: 10
             })
         );
-        assert_eq!(check_row(&row(vec![1], vec![0], 3), 10, 4), Err(RowError::Qtype(3)));
+        assert_eq!(
+            check_row(&row(vec![1], vec![0], 3), &limits(10, 4)),
+            contract(InvalidForward::UnknownQtype { row: 0, qtype: 3 })
+        );
     }
 }

@@ -6,11 +6,12 @@ mod common;
 
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
+use layad_proto::bucket_for;
 use layad_proto::{Engine, EngineOutput, EngineRow};
 use layad_system_tests::goldens::golden_forwards;
 use worker_ane::executor::Executor;
 use worker_ane::executor::candle::CandleExecutor;
-use worker_ane::host::{HostWeights, bucket_for};
+use worker_ane::host::HostWeights;
 use worker_ane::{AneEngine, AneOptions, ExecutorKind};
 use worker_gpu::{LayaModel, Precision};
 
@@ -100,7 +101,7 @@ fn f16_passes_the_parity_gate() {
 fn the_graph_path_agrees_with_the_existing_forward() {
     for (name, sub, ..) in common::CHECKPOINTS {
         let checkpoint = Checkpoint::open(Location::from_path(common::checkpoint_dir(sub))).expect("open");
-        let host = HostWeights::load(&checkpoint).expect("host");
+        let host = HostWeights::load(name, &checkpoint).expect("host");
         let mut executor = CandleExecutor::load(name, &checkpoint, Precision::F32, 128).expect("executor");
         let model = LayaModel::load(name, &checkpoint, &Device::Cpu, DType::F32).expect("model");
         let mut worst = 0f32;

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
-use layad_proto::EngineRow;
+use layad_proto::{EngineRow, InvalidForward};
 use worker_ane::host::{GraphInputs, GraphOutputs, HostWeights, MASKED, RowError, SLOTS};
 
 fn english() -> Checkpoint {
@@ -15,7 +15,7 @@ fn english() -> Checkpoint {
 #[test]
 fn inputs_are_exact_on_a_short_row() {
     let checkpoint = english();
-    let host = HostWeights::load(&checkpoint).expect("host weights");
+    let host = HostWeights::load("english", &checkpoint).expect("host weights");
     let tensors = candle_core::safetensors::load(&checkpoint.weights.path, &Device::Cpu).expect("read weights");
     let table = tensors["encoder.embeddings.tok_embeddings.weight"]
         .to_dtype(DType::F32)
@@ -71,7 +71,7 @@ fn inputs_are_exact_on_a_short_row() {
 
 #[test]
 fn rows_the_graph_cannot_take_are_refused_by_the_host() {
-    let host = HostWeights::load(&english()).expect("host weights");
+    let host = HostWeights::load("english", &english()).expect("host weights");
     let too_many = EngineRow {
         ids: vec![1; 40],
         markers: (0..33).collect(),
@@ -86,7 +86,14 @@ fn rows_the_graph_cannot_take_are_refused_by_the_host() {
         markers: vec![1],
         qtype: 0,
     };
-    assert_eq!(host.inputs(&long, 64), Err(RowError::TooLong { len: 65, longest: 64 }));
+    assert_eq!(
+        host.inputs(&long, 64),
+        Err(RowError::Contract(InvalidForward::RowLongerThanBuckets {
+            row: 0,
+            len: 65,
+            bucket: 64
+        }))
+    );
     let bad_id = EngineRow {
         ids: vec![1, 701],
         markers: vec![0],
@@ -94,13 +101,13 @@ fn rows_the_graph_cannot_take_are_refused_by_the_host() {
     };
     assert!(matches!(
         host.inputs(&bad_id, 64),
-        Err(RowError::IdOutOfRange { id: 701, .. })
+        Err(RowError::Contract(InvalidForward::IdOutOfRange { id: 701, .. }))
     ));
 }
 
 #[test]
 fn finish_keeps_k_logits_and_returns_a_distribution() {
-    let host = HostWeights::load(&english()).expect("host weights");
+    let host = HostWeights::load("english", &english()).expect("host weights");
     let mut logits = vec![0.0f32; SLOTS];
     logits[..3].copy_from_slice(&[0.5, -1.0, 2.0]);
     let outputs = GraphOutputs {

@@ -1,9 +1,12 @@
 //! `CandleEngine`: the worker's [`Engine`] — several named checkpoints loaded on one device in one
-//! precision, each request validated before it reaches the model.
+//! precision, each request checked against the row contract before it reaches the model.
 
 use candle_core::Device;
 use laya::checkpoint::{Checkpoint, Location};
-use layad_proto::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint};
+use layad_proto::{
+    DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
+    ForwardLimits, LoadedCheckpoint, bucket_for,
+};
 
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
@@ -40,8 +43,8 @@ impl Default for EngineOptions {
             precision: None,
             threads: None,
             cpu_kernels: None,
-            max_rows: 64,
-            max_batch_tokens: 16_384,
+            max_rows: DEFAULT_MAX_ROWS,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             length_buckets: Vec::new(),
         }
     }
@@ -179,63 +182,6 @@ impl CandleEngine {
             ))
         })
     }
-
-    fn validate(&self, named: &NamedModel, rows: &[EngineRow]) -> Result<(), EngineError> {
-        let invalid = |message: String| Err(EngineError::InvalidArgument(message));
-        if rows.len() > self.max_rows as usize {
-            return invalid(format!(
-                "batch has {} rows; this engine takes at most {}",
-                rows.len(),
-                self.max_rows
-            ));
-        }
-        let tokens: usize = rows.iter().map(|r| r.ids.len()).sum();
-        if tokens > self.max_batch_tokens as usize {
-            return invalid(format!(
-                "batch has {tokens} tokens; this engine takes at most {}",
-                self.max_batch_tokens
-            ));
-        }
-        let name = &named.info.name;
-        for (i, row) in rows.iter().enumerate() {
-            let len = row.ids.len();
-            if len == 0 {
-                return invalid(format!("row {i} has no tokens"));
-            }
-            if len > named.model.max_len {
-                return invalid(format!(
-                    "row {i} has {len} tokens; checkpoint '{name}' accepts at most {}",
-                    named.model.max_len
-                ));
-            }
-            if let Some((j, id)) = row
-                .ids
-                .iter()
-                .enumerate()
-                .find(|(_, id)| **id as usize >= named.model.vocab_size)
-            {
-                return invalid(format!(
-                    "row {i} token {j} is id {id}; checkpoint '{name}' has ids 0..{}",
-                    named.model.vocab_size
-                ));
-            }
-            if row.markers.is_empty() {
-                return invalid(format!("row {i} has no option markers"));
-            }
-            if let Some((s, m)) = row.markers.iter().enumerate().find(|(_, m)| **m as usize >= len) {
-                return invalid(format!(
-                    "row {i} marker {s} is at position {m}, outside the row's {len} tokens"
-                ));
-            }
-            if row.qtype > 2 {
-                return invalid(format!(
-                    "row {i} has question type {}; expected 0 (choice), 1 (score) or 2 (noul)",
-                    row.qtype
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Engine for CandleEngine {
@@ -256,18 +202,16 @@ impl Engine for CandleEngine {
 
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
         let named = self.find(checkpoint)?;
-        self.validate(named, rows)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The harness checked the rows already; an engine called directly checks them here.
+        ForwardLimits::from_info(&self.info())
+            .check(checkpoint, rows)
+            .map_err(|invalid| EngineError::InvalidArgument(invalid.to_string()))?;
         let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
-        let pad_to = match self.length_buckets.iter().find(|&&b| b as usize >= longest) {
-            Some(&bucket) => bucket as usize,
-            None if self.length_buckets.is_empty() => longest,
-            None => {
-                return Err(EngineError::InvalidArgument(format!(
-                    "a row has {longest} tokens; this engine's longest length bucket is {}",
-                    self.length_buckets.last().copied().unwrap_or_default()
-                )));
-            }
-        };
+        // The row contract already refused rows longer than the longest bucket.
+        let pad_to = bucket_for(longest, &self.length_buckets).map_or(longest, |b| b as usize);
         let run = || named.model.forward_padded(rows, pad_to);
         let outputs = match &self.threads {
             Some(pool) => pool.run(run),

@@ -1,5 +1,6 @@
 //! `CandleEngine` through the worker's `Engine` trait: what `info()` reports, which requests are
-//! refused with `InvalidArgument` (and what the message says), and the load-time refusals.
+//! refused with `InvalidArgument` (and what the message says: the row contract's, from
+//! `layad_proto::rows`), and the load-time refusals.
 
 use std::path::PathBuf;
 
@@ -111,12 +112,12 @@ fn invalid_requests_are_refused_with_a_reason() {
         (
             "english",
             vec![ok.clone(); 5],
-            "batch has 5 rows; this engine takes at most 4",
+            "the forward has 5 rows; this worker takes at most 4 rows per forward",
         ),
         (
             "english",
             vec![row(vec![1; 60], vec![1], 0), row(vec![1; 41], vec![1], 0)],
-            "batch has 101 tokens; this engine takes at most 100",
+            "the forward has 101 tokens in all; this worker takes at most 100 tokens per forward",
         ),
         (
             "english",
@@ -126,27 +127,23 @@ fn invalid_requests_are_refused_with_a_reason() {
         (
             "english",
             vec![row(vec![1; 97], vec![1], 0)],
-            "row 0 has 97 tokens; checkpoint 'english' accepts at most 96",
+            "row 0 has 97 tokens; checkpoint english takes at most 96",
         ),
         (
             "english",
             vec![row(vec![1, 701, 2], vec![1], 0)],
-            "row 0 token 1 is id 701; checkpoint 'english' has ids 0..701",
+            "row 0 position 1 has token id 701; checkpoint english has 701 ids (0..701)",
         ),
-        (
-            "english",
-            vec![row(vec![1, 700, 2], vec![], 0)],
-            "row 0 has no option markers",
-        ),
+        ("english", vec![row(vec![1, 700, 2], vec![], 0)], "row 0 has no markers"),
         (
             "english",
             vec![row(vec![1, 700, 2], vec![1, 3], 0)],
-            "row 0 marker 1 is at position 3, outside the row's 3 tokens",
+            "row 0 marker 1 is at position 3, outside the row (3 tokens)",
         ),
         (
             "english",
             vec![row(vec![1, 700, 2], vec![1], 3)],
-            "row 0 has question type 3; expected 0 (choice), 1 (score) or 2 (noul)",
+            "row 0 has qtype 3; expected 0 (choice), 1 (score) or 2 (noul)",
         ),
     ];
     for (checkpoint, rows, want) in cases {

@@ -238,7 +238,11 @@ async fn describe_is_unreachable_until_ready_then_reports_what_really_runs() {
             capabilities.max_batch_tokens,
             capabilities.max_len
         ),
-        (64, 16_384, 128)
+        (
+            layad_proto::DEFAULT_MAX_ROWS,
+            layad_proto::DEFAULT_MAX_BATCH_TOKENS,
+            128
+        )
     );
     assert!(capabilities.length_buckets.is_empty());
     let shapes: Vec<String> = info

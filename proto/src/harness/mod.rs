@@ -15,12 +15,14 @@ mod socket;
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::args::WorkerArgs;
 use crate::engine::Engine;
 use crate::pb;
 use crate::warmup::WarmupPolicy;
@@ -43,6 +45,40 @@ pub struct HarnessOptions {
     pub worker: String,
     /// Shapes and repetitions of the warm-up.
     pub warmup: WarmupPolicy,
+}
+
+impl HarnessOptions {
+    /// The options of a worker binary started with `args`; `worker` is its name and version.
+    pub fn from_args(args: &WorkerArgs, worker: String) -> Self {
+        Self {
+            socket: args.socket.clone(),
+            liveness_fd: args.liveness_fd,
+            requested_device: args.device.clone(),
+            worker,
+            warmup: WarmupPolicy::default(),
+        }
+    }
+}
+
+/// How the worker binary `binary` exits after [`run`]: success after a clean stop (saying so when the
+/// supervisor is gone); otherwise the error is logged and the status is `code_of(&error)`.
+pub fn exit_code(
+    binary: &str,
+    result: Result<ServeOutcome, HarnessError>,
+    code_of: impl FnOnce(&HarnessError) -> u8,
+) -> ExitCode {
+    match result {
+        Ok(outcome) => {
+            if outcome == ServeOutcome::SupervisorGone {
+                tracing::warn!("exiting: the supervisor is gone");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            tracing::error!(%error, "{binary} failed");
+            ExitCode::from(code_of(&error))
+        }
+    }
 }
 
 /// Why a worker was asked to stop.

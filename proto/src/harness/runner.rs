@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::{HarnessError, LoadError, status_of};
 use crate::engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow};
 use crate::pb;
-use crate::validation::check_outputs;
+use crate::rows::check_outputs;
 use crate::warmup::{self, WarmupPolicy};
 
 /// Batches that may wait for the engine thread; beyond it, callers wait to enqueue. The supervisor's

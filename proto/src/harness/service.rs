@@ -15,7 +15,7 @@ use super::{HarnessOptions, memory};
 use crate::PROTOCOL_VERSION;
 use crate::engine::{EngineError, EngineRow};
 use crate::pb;
-use crate::validation::ForwardLimits;
+use crate::rows::ForwardLimits;
 
 /// State shared by every request handler and the harness.
 pub(crate) struct Shared {

@@ -12,9 +12,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use crate::decide::Timings;
-use crate::error::ApiError;
-use crate::http::server::App;
+use crate::decisions::Timings;
+use crate::http::response::ApiError;
 
 /// The `x-request-id` header.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -64,7 +63,8 @@ fn request_id(headers: &HeaderMap) -> String {
         .map_or_else(new_request_id, str::to_owned)
 }
 
-/// Which `Host` names a loopback-bound server answers; `None` in [`App`] when bound elsewhere.
+/// Which `Host` names a loopback-bound server answers (the DNS-rebinding guard: a page from another
+/// site may reach 127.0.0.1 but cannot make its `Host` a loopback name). Bound elsewhere: none.
 #[derive(Clone, Debug)]
 pub struct HostCheck {
     /// Configured extra names (`server.allowed_hosts`), lower-cased.
@@ -141,9 +141,9 @@ fn server_timing(timings: &Timings, total: Duration) -> String {
     .join(", ")
 }
 
-/// Wraps every request: id, `Host` check, then the route, then `x-request-id` and
-/// `Server-Timing` on whatever answer came back.
-pub(crate) async fn frame(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+/// Wraps every request: id, `Host` check (when `host_check` is set), then the route, then
+/// `x-request-id` and `Server-Timing` on whatever answer came back.
+pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request: Request, next: Next) -> Response {
     let context = RequestContext {
         id: request_id(request.headers()),
         started: Instant::now(),
@@ -151,7 +151,7 @@ pub(crate) async fn frame(State(app): State<Arc<App>>, mut request: Request, nex
     let span = tracing::info_span!("request", id = %context.id);
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let host_check = match &app.host_check {
+    let host_check = match &host_check {
         Some(check) => check.check(request.headers(), request.uri()),
         None => Ok(()),
     };

@@ -1,5 +1,5 @@
-//! Binding, the connection loop and graceful shutdown, plus the router and the state it shares.
-//! On shutdown: stop accepting, let in-flight requests finish within the grace period, report.
+//! Binding, the connection loop and graceful shutdown, plus the router. On shutdown: stop
+//! accepting, let in-flight requests finish within the grace period, report.
 //!
 //! Our own accept loop rather than `axum::serve`: it caps open connections, bounds how long a
 //! client may take to send its headers, and bounds the drain, none of which `axum::serve` offers.
@@ -15,37 +15,22 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use laya::decision::DecisionOptions;
 use layad_config::Config;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
 use crate::backend::Backend;
-use crate::decide::{Checkpoints, Decider};
-use crate::error::{ApiError, LayadError};
+use crate::checkpoints::Checkpoints;
+use crate::decisions::Decisions;
+use crate::error::LayadError;
+use crate::http::admission::Admission;
+use crate::http::app::App;
 use crate::http::middleware::{self, HostCheck};
+use crate::http::response::ApiError;
 use crate::http::routes;
+use crate::live::LiveSettings;
 use crate::metrics::Metrics;
-use crate::reload::LiveSettings;
-
-/// What every handler shares.
-pub struct App {
-    /// Auth and body checks for the authenticated routes.
-    pub admission: Admission,
-    /// Turns bodies into answers.
-    pub decider: Decider,
-    /// The workers, for `/health` and `/readyz`.
-    pub backend: Arc<dyn Backend>,
-    /// The opened checkpoints, for `/v1/models` and readiness.
-    pub checkpoints: Arc<Checkpoints>,
-    /// The `Host` check; `Some` only when bound to a loopback address.
-    pub host_check: Option<HostCheck>,
-    /// The exported metrics.
-    pub metrics: Metrics,
-    /// What a reload changes while serving, and how the last reload went.
-    pub live: Arc<LiveSettings>,
-}
 
 /// How the drain after a shutdown signal went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +69,7 @@ impl Server {
         let live = Arc::new(LiveSettings::new(config));
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
-            decider: Decider::new(
+            decisions: Decisions::new(
                 Arc::clone(&checkpoints),
                 Arc::clone(&backend),
                 DecisionOptions {
@@ -96,12 +81,16 @@ impl Server {
             metrics: Metrics::new(Arc::clone(&backend)),
             backend,
             checkpoints,
-            host_check: local.ip().is_loopback().then(|| HostCheck::new(&server.allowed_hosts)),
             live: Arc::clone(&live),
         };
+        // The `Host` check guards loopback binds only: elsewhere the name is the client's business.
+        let host_check = local
+            .ip()
+            .is_loopback()
+            .then(|| Arc::new(HostCheck::new(&server.allowed_hosts)));
         Ok(Self {
             listener,
-            router: router(Arc::new(app)),
+            router: router(Arc::new(app), host_check),
             max_connections: server.max_connections,
             header_timeout: server.body_timeout,
             shutdown_grace: server.shutdown_grace,
@@ -154,26 +143,13 @@ impl Server {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
             let service = TowerToHyperService::new(self.router.clone());
-            let stop = stop.clone();
-            let header_timeout = self.header_timeout;
-            tracker.spawn(async move {
-                let _permit = permit;
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-                let connection = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                let result = tokio::select! {
-                    result = connection.as_mut() => result,
-                    () = stop.cancelled() => {
-                        // Idle keep-alive connections close now; a request in progress finishes.
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                };
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
+            tracker.spawn(connection_task(
+                stream,
+                service,
+                permit,
+                self.header_timeout,
+                stop.clone(),
+            ));
         }
         drop(self.listener);
         stop.cancel();
@@ -197,10 +173,36 @@ impl Server {
     }
 }
 
+/// Serves one connection until it closes; once `stop` is cancelled, idle keep-alive connections close
+/// and a request in progress finishes. Holds its connection `permit` until then.
+async fn connection_task(
+    stream: TcpStream,
+    service: TowerToHyperService<Router>,
+    permit: OwnedSemaphorePermit,
+    header_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let _permit = permit;
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
 /// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.
-pub fn router(app: Arc<App>) -> Router {
+pub fn router(app: Arc<App>, host_check: Option<Arc<HostCheck>>) -> Router {
     Router::new()
-        .route(routes::SYSTEMONE, post(routes::decide::systemone))
+        .route(routes::SYSTEMONE, post(routes::systemone::systemone))
         .route(routes::MODELS, get(routes::models::list))
         .route(routes::HEALTH, get(routes::health::health))
         .route(routes::LIVEZ, get(routes::health::livez))
@@ -208,9 +210,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route(routes::METRICS, get(routes::metrics::metrics))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(routes::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&app),
-            middleware::frame,
-        ))
+        .layer(axum::middleware::from_fn_with_state(host_check, middleware::frame))
         .with_state(app)
 }

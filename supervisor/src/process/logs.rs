@@ -45,7 +45,7 @@ pub struct LogTags {
 }
 
 /// Reads `stderr` to its end, re-emitting each line and keeping the tail. Returns at end-of-file.
-pub async fn forward_stderr(stderr: impl AsyncRead + Unpin, tags: LogTags, tail: StderrTail) {
+pub async fn stderr_task(stderr: impl AsyncRead + Unpin, tags: LogTags, tail: StderrTail) {
     let mut lines = BufReader::new(stderr).lines();
     loop {
         match lines.next_line().await {
@@ -124,7 +124,7 @@ mod tests {
             worker: "gpu/0".to_owned(),
             pid: 1,
         };
-        forward_stderr(text.as_bytes(), tags, tail.clone()).await;
+        stderr_task(text.as_bytes(), tags, tail.clone()).await;
         let lines = tail.lines();
         assert_eq!(lines.len(), TAIL_LINES);
         assert!(lines[0].contains("line 11"), "{lines:?}");

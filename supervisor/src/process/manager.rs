@@ -1,29 +1,33 @@
 //! The process manager: one supervising task per worker slot that spawns the worker, waits until it
-//! answers Describe as ready, admits it to its pool, watches it, and restarts it with backoff.
+//! answers as ready, admits it to its pool, follows its state, and restarts it with backoff.
 //!
 //! Restarts double their delay up to a cap and start over once a worker has run for a while; a slot
 //! that crashes too often within the configured window marks its pool degraded, with the reason.
+//! A worker binds its socket only once it is ready; from then on its `Watch` stream tells the slot
+//! when it stops serving (draining, failed), before its process exits.
 
-use std::collections::VecDeque;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use laya::routing::CheckpointName;
-use layad_config::{Config, WorkerKind};
-use layad_proto::client::WorkerClient;
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, pb};
-use tokio::task::JoinHandle;
+use layad_config::Config;
+use layad_proto::client::{ClientError, WorkerClient};
+use layad_proto::logging::LogFormat;
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, WorkerArgs, pb};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{LoadedCheckpoint, WorkerState};
-use crate::pool::{Pool, warmup_reports};
-use crate::process::logs::{LogTags, StderrTail, forward_stderr};
+use crate::pool::worker_task::worker_task;
+use crate::pool::{Pool, WorkerReport};
+use crate::process::backoff::Backoff;
+use crate::process::logs::{LogTags, StderrTail, stderr_task};
 use crate::process::worker_process::{WorkerProcess, WorkerSpec, describe_exit};
+use crate::status::WorkerState;
+use crate::worker_kind;
 
-/// A worker that has run this long without crashing resets its restart delay.
-const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How often a starting worker's socket is tried: it appears once the worker is ready.
+const CONNECT_EVERY: Duration = Duration::from_millis(50);
 
 /// Settings shared by every slot.
 #[derive(Clone, Debug)]
@@ -34,14 +38,8 @@ pub struct ManagerSettings {
     pub socket_dir: PathBuf,
     /// Checkpoint directories by name, as resolved at start-up.
     pub checkpoint_dirs: Vec<(CheckpointName, PathBuf)>,
-    /// First restart delay.
-    pub backoff_initial: Duration,
-    /// Longest restart delay.
-    pub backoff_max: Duration,
-    /// Restarts within `crash_loop_window` that mark the pool degraded.
-    pub crash_loop_restarts: u32,
-    /// Window for counting restarts.
-    pub crash_loop_window: Duration,
+    /// The restart policy every slot starts from.
+    pub backoff: Backoff,
     /// How long a worker may take to load and warm before it is killed and restarted.
     pub startup_timeout: Duration,
     /// How long a worker may take to finish after SIGTERM.
@@ -56,95 +54,71 @@ impl ManagerSettings {
         socket_dir: PathBuf,
         checkpoint_dirs: Vec<(CheckpointName, PathBuf)>,
     ) -> Self {
-        let w = &config.workers;
         Self {
             binary_dir,
             socket_dir,
             checkpoint_dirs,
-            backoff_initial: w.restart_backoff_initial,
-            backoff_max: w.restart_backoff_max,
-            crash_loop_restarts: w.crash_loop_restarts,
-            crash_loop_window: w.crash_loop_window,
-            startup_timeout: w.startup_timeout,
-            stop_timeout: w.stop_timeout,
+            backoff: Backoff::new(&config.workers),
+            startup_timeout: config.workers.startup_timeout,
+            stop_timeout: config.workers.stop_timeout,
         }
     }
 }
 
-/// The command line of one worker. `generation` tells apart the sockets of a pool and the pool a
-/// reload is replacing it with, which run side by side for a while.
+/// The command line of one worker: the arguments every worker takes, then its kind's own.
+/// `generation` tells apart the sockets of a pool and the pool a reload is replacing it with,
+/// which run side by side for a while.
 fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation: u64) -> WorkerSpec {
-    let (served, pool) = (pool.checkpoints(), pool.config());
+    let (served, config) = (pool.checkpoints(), pool.config());
     let socket = settings
         .socket_dir
-        .join(format!("{}-{generation}-{index}.sock", pool.name));
-    let mut args: Vec<OsString> = vec![
-        "--socket".into(),
-        socket.clone().into(),
-        "--liveness-fd".into(),
-        "0".into(),
-    ];
-    args.extend(["--log-format".into(), "json".into()]);
-    for (name, dir) in settings
-        .checkpoint_dirs
-        .iter()
-        .filter(|(name, _)| served.contains(name))
-    {
-        let mut arg = OsString::from(format!("{}=", name.as_str()));
-        arg.push(dir);
-        args.extend(["--checkpoint".into(), arg]);
-    }
-    args.extend([
-        "--device".into(),
-        pool.device.as_str().into(),
-        "--dtype".into(),
-        pool.dtype.as_str().into(),
-    ]);
-    if pool.threads > 0 {
-        args.extend(["--threads".into(), pool.threads.to_string().into()]);
-    }
-    args.extend(["--max-rows".into(), pool.max_rows.to_string().into()]);
-    args.extend(["--max-batch-tokens".into(), pool.max_batch_tokens.to_string().into()]);
-    if !pool.buckets.is_empty() {
-        let buckets: Vec<String> = pool.buckets.iter().map(u32::to_string).collect();
-        args.extend(["--length-buckets".into(), buckets.join(",").into()]);
-    }
-    if pool.worker == WorkerKind::Ane {
-        if let Some(dir) = &pool.artifacts {
-            args.extend(["--artifacts".into(), dir.clone().into_os_string()]);
-        }
-        args.extend(["--executor".into(), pool.executor.as_str().into()]);
-    }
+        .join(format!("{}-{generation}-{index}.sock", config.name));
+    let common = WorkerArgs {
+        socket: socket.clone(),
+        checkpoints: settings
+            .checkpoint_dirs
+            .iter()
+            .filter(|(name, _)| served.contains(name))
+            .map(|(name, dir)| (name.as_str().to_owned(), dir.clone()))
+            .collect(),
+        device: config.device.as_str().to_owned(),
+        dtype: config.effective_dtype().as_str().to_owned(),
+        threads: (config.threads > 0).then_some(config.threads as usize),
+        max_rows: config.max_rows,
+        max_batch_tokens: config.max_batch_tokens,
+        length_buckets: config.buckets.clone(),
+        // The worker's stdin: see `WorkerProcess`.
+        liveness_fd: Some(0),
+        log_format: LogFormat::Json,
+    };
+    let mut args = common.to_args();
+    args.extend((worker_kind::spec(config.worker).extra_args)(config));
     WorkerSpec {
-        binary: settings.binary_dir.join(pool.worker.binary_name()),
+        binary: settings.binary_dir.join(config.worker.binary_name()),
         args,
         socket,
     }
 }
 
-/// Starts the supervising task of slot `index` of `pool`: it keeps a worker running there until
-/// `stop` is cancelled, then stops it (drain, SIGTERM, grace, SIGKILL) and returns.
-pub fn spawn_slot(
-    settings: Arc<ManagerSettings>,
-    pool: Arc<Pool>,
-    index: usize,
-    generation: u64,
-    stop: CancellationToken,
-) -> JoinHandle<()> {
-    tokio::spawn(async move { supervise(settings, pool, index, generation, stop).await })
-}
+/// A worker's state updates, from the moment it answers on its socket.
+type States = futures::stream::BoxStream<'static, Result<pb::WorkerStatus, ClientError>>;
 
-/// Polls the socket until the worker answers Describe as ready.
-async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo) {
+/// Tries the socket until the worker answers and its state stream says ready; returns the client,
+/// its Describe answer and the rest of the stream.
+async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo, States) {
     loop {
-        if socket.exists()
-            && let Ok(client) = WorkerClient::connect_uds(socket).await
-            && let Ok(info) = client.describe().await
-            && info.state() == pb::WorkerState::Ready
+        if let Ok(client) = WorkerClient::connect_uds(socket).await
+            && let Ok(states) = client.watch().await
         {
-            return (client, info);
+            let mut states: States = states.boxed();
+            if let Some(Ok(first)) = states.next().await
+                && first.state() == pb::WorkerState::Ready
+                && let Ok(info) = client.describe().await
+            {
+                return (client, info, states);
+            }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(CONNECT_EVERY).await;
     }
 }
 
@@ -152,13 +126,14 @@ async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo) {
 enum Failure {
     /// It crashed or failed to start: restart it.
     Crashed(String),
-    /// It exited with [`EXIT_DEVICE_UNAVAILABLE`]: its device does not exist here; restarting
-    /// cannot help.
+    /// It exited with [`EXIT_DEVICE_UNAVAILABLE`] (its device does not exist here) or
+    /// [`EXIT_CONFIG_REFUSED`] (it refused its arguments): restarting cannot help.
     Unavailable(String),
 }
 
-/// One slot's life: spawn, admit when ready, watch, restart with backoff, until `stop`.
-async fn supervise(
+/// One slot's life: spawn, admit when ready, watch, restart with backoff, until `stop` is
+/// cancelled; then it stops the worker (drain, SIGTERM, grace, SIGKILL) and returns.
+pub async fn supervise_task(
     settings: Arc<ManagerSettings>,
     pool: Arc<Pool>,
     index: usize,
@@ -167,9 +142,8 @@ async fn supervise(
 ) {
     let spec = worker_spec(&settings, &pool, index, generation);
     let id = format!("{}/{index}", pool.config().name);
-    let mut backoff = settings.backoff_initial;
-    let mut crashes: VecDeque<Instant> = VecDeque::new();
-    let mut restarts = 0u32;
+    let mut backoff = settings.backoff.clone();
+    let mut restarts = 0u64;
     loop {
         if stop.is_cancelled() {
             pool.update_worker(index, |w| w.state = WorkerState::Stopped);
@@ -180,7 +154,7 @@ async fn supervise(
             Ok(()) => return,
             Err(Failure::Crashed(failure)) => failure,
             Err(Failure::Unavailable(reason)) => {
-                tracing::error!(worker = %id, %reason, "the pool's device is not available on this machine; not restarting it");
+                tracing::error!(worker = %id, %reason, "the worker cannot run here as configured; not restarting it");
                 pool.update_worker(index, |w| {
                     w.state = WorkerState::Failed;
                     w.last_error = Some(reason.clone());
@@ -195,38 +169,26 @@ async fn supervise(
             return;
         }
         restarts += 1;
-        let now = Instant::now();
-        crashes.push_back(now);
-        while crashes
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > settings.crash_loop_window)
-        {
-            crashes.pop_front();
-        }
-        if started.elapsed() >= STABLE_AFTER {
-            backoff = settings.backoff_initial;
-        }
-        tracing::warn!(worker = %id, %failure, restart_in_ms = backoff.as_millis() as u64, "worker stopped; restarting it");
+        let restart = backoff.failed(started.elapsed(), Instant::now());
+        tracing::warn!(worker = %id, %failure, restart_in_ms = restart.delay.as_millis() as u64, "worker stopped; restarting it");
         pool.update_worker(index, |w| {
             w.state = WorkerState::Restarting;
-            w.restarts = u64::from(restarts);
+            w.restarts = restarts;
             w.last_error = Some(failure.clone());
         });
-        if crashes.len() as u32 >= settings.crash_loop_restarts {
-            let window = settings.crash_loop_window.as_secs();
+        if restart.crash_loop {
+            let window = settings.backoff.window().as_secs();
             pool.set_degraded(Some(format!(
                 "worker {id} restarted {} times in {window} s; last: {failure}",
-                crashes.len()
+                restart.recent_failures
             )));
         }
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(restart.delay) => {}
             () = stop.cancelled() => {}
         }
-        backoff = (backoff * 2).min(settings.backoff_max);
     }
 }
-
 /// Runs one worker process from spawn to exit. `Ok` when it was stopped on purpose; `Err` with a
 /// readable reason when it failed to start or died.
 async fn run_once(
@@ -244,7 +206,7 @@ async fn run_once(
         worker: format!("{}/{index}", pool.config().name),
         pid,
     };
-    let logs = tokio::spawn(forward_stderr(stderr, tags, tail.clone()));
+    let logs = tokio::spawn(stderr_task(stderr, tags, tail.clone()));
     pool.update_worker(index, |w| {
         w.pid = Some(pid);
         w.state = WorkerState::Starting;
@@ -262,9 +224,8 @@ async fn run_once(
         ready = tokio::time::timeout(settings.startup_timeout, wait_ready(&spec.socket)) => ready,
         status = process.wait() => {
             let _ = logs.await;
-            if matches!(&status, Ok(s) if s.code() == Some(EXIT_DEVICE_UNAVAILABLE)) {
-                let reason = last_error_message(&tail.lines())
-                    .unwrap_or_else(|| "the worker reported its device unavailable".to_owned());
+            if let Some(what) = status.as_ref().ok().and_then(|s| will_not_start(s.code())) {
+                let reason = last_error_message(&tail.lines()).unwrap_or_else(|| what.to_owned());
                 crashed(status, "");
                 return Err(Failure::Unavailable(reason));
             }
@@ -277,7 +238,7 @@ async fn run_once(
             return Ok(());
         }
     };
-    let Ok((client, info)) = ready else {
+    let Ok((client, info, mut states)) = ready else {
         process.kill();
         let status = process.wait().await;
         let _ = logs.await;
@@ -288,54 +249,67 @@ async fn run_once(
         )));
     };
 
-    pool.update_worker(index, |w| {
-        w.state = WorkerState::Ready;
-        w.device = Some(info.device.clone());
-        w.dtype = Some(info.dtype.clone());
-        w.checkpoints = info
-            .checkpoints
-            .iter()
-            .filter_map(|c| {
-                let name = CheckpointName::from_name_or_alias(&c.name)?;
-                Some(LoadedCheckpoint {
-                    name,
-                    revision: c.revision.clone(),
-                    sha256: c.weights_sha256.clone(),
-                })
-            })
-            .collect();
-        w.warmup = warmup_reports(&info);
-        w.parity_gate = info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default();
-        w.cpu_kernels = info.cpu_kernels.clone();
-    });
-    if info.device_mismatch {
-        tracing::warn!(worker = %format!("{}/{index}", pool.config().name), requested = %info.requested_device, device = %info.device, "worker runs on another device than configured");
+    let report = WorkerReport::from_info(&info);
+    let worker = format!("{}/{index}", pool.config().name);
+    if report.device_mismatch {
+        tracing::warn!(%worker, requested = %report.requested_device, device = %report.device, "worker runs on another device than configured");
     }
-    tracing::info!(worker = %format!("{}/{index}", pool.config().name), pid, device = %info.device, dtype = %info.dtype, cpu_kernels = info.cpu_kernels.as_deref().unwrap_or("-"), "worker ready");
+    tracing::info!(%worker, pid, device = %report.device, dtype = %report.dtype, cpu_kernels = report.cpu_kernels.as_deref().unwrap_or("-"), "worker ready");
     let (retired, dead) = (CancellationToken::new(), CancellationToken::new());
     // Whatever happens below, the serving task must not outlive this process.
     let _retired_guard = retired.clone().drop_guard();
     let _dead_guard = dead.clone().drop_guard();
-    pool.admit(index, client.clone(), &info, retired.clone(), dead.clone());
+    let admitted = pool.admit(index, client.clone(), report);
+    tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
 
-    tokio::select! {
-        status = process.wait() => {
-            pool.retire(index);
-            dead.cancel();
-            let _ = logs.await;
-            Err(Failure::Crashed(crashed(status, "while serving")))
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            status = process.wait() => {
+                pool.retire(index);
+                dead.cancel();
+                let _ = logs.await;
+                return Err(Failure::Crashed(crashed(status, "while serving")));
+            }
+            () = stop.cancelled() => {
+                pool.retire(index);
+                retired.cancel();
+                // Let the worker answer what it already accepted, then stop it.
+                let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
+                let status = process.terminate(settings.stop_timeout).await;
+                dead.cancel();
+                let _ = logs.await;
+                crashed(status, "(stopped)");
+                return Ok(());
+            }
+            update = states.next(), if serving => {
+                let failure = match update {
+                    Some(Ok(status)) if status.state() == pb::WorkerState::Ready => continue,
+                    Some(Ok(status)) => {
+                        let state = status.state().label();
+                        status.failure.unwrap_or_else(|| format!("worker is {state}"))
+                    }
+                    Some(Err(error)) => error.to_string(),
+                    None => "worker stopped serving".to_owned(),
+                };
+                // It takes no new jobs; the one it runs finishes or is retried when the process exits.
+                serving = false;
+                pool.retire(index);
+                retired.cancel();
+                tracing::warn!(%worker, %failure, "worker left the pool");
+                pool.update_worker(index, |w| w.last_error = Some(failure));
+            }
         }
-        () = stop.cancelled() => {
-            pool.retire(index);
-            retired.cancel();
-            // Let the worker answer what it already accepted, then stop it.
-            let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
-            let status = process.terminate(settings.stop_timeout).await;
-            dead.cancel();
-            let _ = logs.await;
-            crashed(status, "(stopped)");
-            Ok(())
-        }
+    }
+}
+
+/// For an exit code that says restarting cannot help, what it means (the reason when the worker
+/// logged none); `None` for a crash.
+fn will_not_start(code: Option<i32>) -> Option<&'static str> {
+    match code? {
+        EXIT_DEVICE_UNAVAILABLE => Some("the worker reported its device unavailable"),
+        EXIT_CONFIG_REFUSED => Some("the worker refused its configuration"),
+        _ => None,
     }
 }
 
@@ -371,5 +345,15 @@ mod tests {
             Some("cannot start: Core ML is not available")
         );
         assert_eq!(last_error_message(&lines[..1]), None);
+    }
+
+    #[test]
+    fn device_and_configuration_refusals_are_not_restarted_and_crashes_are() {
+        assert!(will_not_start(Some(EXIT_DEVICE_UNAVAILABLE)).is_some());
+        assert!(will_not_start(Some(EXIT_CONFIG_REFUSED)).is_some());
+        // A panic (101), a plain failure (1), a usage error (2) and a signal (no code) are retried.
+        for code in [Some(101), Some(1), Some(2), None] {
+            assert_eq!(will_not_start(code), None, "{code:?}");
+        }
     }
 }

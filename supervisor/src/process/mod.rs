@@ -1,6 +1,11 @@
 //! Worker processes: starting and stopping them, bridging their logs, and keeping each worker slot
-//! alive with restarts and backoff. [`Workers::start`] assembles pools, scheduler and manager.
+//! alive with restarts and backoff. [`Workers::start`] assembles pools, scheduler and manager;
+//! [`Workers::apply`] carries out a reload's [`PoolChange`]s.
+//!
+//! Layout: [`manager`] (one `supervise_task` per worker slot), [`worker_process`] (one child process:
+//! spawn, stop), [`logs`] (its stderr into our log), [`backoff`] (restart delays, crash loops).
 
+pub mod backoff;
 pub mod logs;
 pub mod manager;
 pub mod worker_process;
@@ -16,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::BackendError;
-use crate::decide::Checkpoints;
+use crate::checkpoints::Checkpoints;
 use crate::pool::Pool;
 use crate::scheduler::Scheduler;
 use manager::ManagerSettings;
@@ -69,11 +74,56 @@ struct Slot {
     task: JoinHandle<()>,
 }
 
-/// What a reload changed, for the log and `/health`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReloadSummary {
-    /// One line per change, e.g. `pool short: 1 → 2 workers`.
-    pub changes: Vec<String>,
+/// What a reload does to one pool.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolChange {
+    /// Nothing changed.
+    Keep {
+        /// The pool.
+        name: String,
+    },
+    /// Only `workers` changed: slots start or stop (after draining).
+    Scale {
+        /// The pool.
+        name: String,
+        /// Workers before.
+        from: u32,
+        /// Workers after.
+        to: u32,
+    },
+    /// A new pool: it starts.
+    Add {
+        /// Its configuration.
+        pool: PoolConfig,
+        /// The checkpoints it serves.
+        checkpoints: Vec<CheckpointName>,
+    },
+    /// Other settings changed: a new pool warms up while the old one serves, then the old one
+    /// finishes its queue and stops.
+    Replace {
+        /// The new configuration.
+        pool: PoolConfig,
+        /// The checkpoints it serves.
+        checkpoints: Vec<CheckpointName>,
+    },
+    /// The pool is gone from the configuration: it finishes its queue and stops.
+    Remove {
+        /// The pool.
+        name: String,
+    },
+}
+
+impl PoolChange {
+    /// The change in words (`pool short: 1 → 2 workers`); `None` for [`PoolChange::Keep`].
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            PoolChange::Keep { .. } => None,
+            PoolChange::Scale { name, from, to } => Some(format!("pool {name}: {from} → {to} workers")),
+            PoolChange::Add { pool, .. } => Some(format!("pool {}: added", pool.name)),
+            PoolChange::Replace { pool, .. } => Some(format!("pool {}: replaced (configuration changed)", pool.name)),
+            PoolChange::Remove { name } => Some(format!("pool {name}: removed")),
+        }
+    }
 }
 
 /// Creates `dir` private to this user (0700), or checks that an existing one is.
@@ -108,13 +158,13 @@ impl Inner {
     fn start_slots(&self, running: &mut RunningPool, from: usize, to: usize) {
         for index in from..to {
             let stop = self.stop.child_token();
-            let task = manager::spawn_slot(
+            let task = tokio::spawn(manager::supervise_task(
                 Arc::clone(&self.settings),
                 Arc::clone(&running.pool),
                 index,
                 running.generation,
                 stop.clone(),
-            );
+            ));
             running.slots.push(Slot { stop, task });
         }
     }
@@ -147,9 +197,19 @@ async fn stop_slots(slots: Vec<Slot>) {
     }
 }
 
+/// Stops the `removed` slots of `pool`, the first of them being slot `from` (each drains its worker
+/// first), then forgets their records.
+async fn scale_down_task(pool: Arc<Pool>, removed: Vec<Slot>, from: usize) {
+    let to = from + removed.len();
+    stop_slots(removed).await;
+    for index in from..to {
+        pool.remove_worker(index);
+    }
+}
+
 /// Retires `old` once `successor` (if any) is fully ready: it stops taking jobs, finishes its
 /// queue, then its workers stop and it leaves the scheduler.
-async fn retire_pool(inner: Arc<Inner>, old: Arc<Pool>, successor: Option<Arc<Pool>>) {
+async fn retire_task(inner: Arc<Inner>, old: Arc<Pool>, successor: Option<Arc<Pool>>) {
     if let Some(new) = successor {
         let waiting_since = std::time::Instant::now();
         // Until the successor can take the load, the old pool keeps serving.
@@ -224,83 +284,65 @@ impl Workers {
         Arc::clone(&self.inner.scheduler)
     }
 
-    /// Applies the pools and scheduling of `config` (reload): added pools start, removed ones
-    /// drain and stop, a pool whose `workers` changed scales, any other change replaces the pool
-    /// (the new one warms up while the old one serves). Returns at once; workers join as they
-    /// become ready. `config` must serve the same checkpoints as at start.
-    pub fn reload(&self, config: &Config) -> Result<ReloadSummary, WorkersError> {
+    /// Applies a reload to the pools: `changes` (see [`crate::reload::plan`]) in the order of the
+    /// new configuration `loaded`, whose `scheduling.spill` also takes effect. Returns at once;
+    /// workers join as they become ready. Nothing changes when a worker binary is missing.
+    pub fn apply(&self, loaded: &Config, changes: &[PoolChange]) -> Result<(), WorkersError> {
         let inner = &self.inner;
-        check_binaries(config, &inner.settings.binary_dir)?;
-        inner.scheduler.set_spill(config.scheduling.spill);
-        let mut summary = ReloadSummary::default();
+        check_binaries(loaded, &inner.settings.binary_dir)?;
+        inner.scheduler.set_spill(loaded.scheduling.spill);
         let mut retirements = Vec::new();
         {
             let mut pools = inner.lock();
+            // The running pool of this name that takes jobs (a retiring one may share its name).
+            let take = |pools: &mut Vec<RunningPool>, name: &str| {
+                let pos = pools.iter().position(|r| r.pool.name() == name && r.pool.accepting())?;
+                Some(pools.remove(pos))
+            };
             let mut next: Vec<RunningPool> = Vec::new();
-            for wanted in &config.pools {
-                let checkpoints = config.pool_checkpoints(wanted);
-                let current = pools
-                    .iter()
-                    .position(|r| r.pool.name() == wanted.name && r.pool.accepting());
-                let Some(pos) = current else {
-                    summary.changes.push(format!("pool {}: added", wanted.name));
-                    next.push(inner.start_pool(wanted, checkpoints));
-                    continue;
-                };
-                let mut running = pools.remove(pos);
-                let old = running.pool.config().clone();
-                let same_but_size = PoolConfig {
-                    workers: old.workers,
-                    ..wanted.clone()
-                } == old
-                    && running.pool.checkpoints() == checkpoints.as_slice();
-                if !same_but_size {
-                    summary
-                        .changes
-                        .push(format!("pool {}: replaced (configuration changed)", wanted.name));
-                    let successor = inner.start_pool(wanted, checkpoints);
-                    retirements.push((Arc::clone(&running.pool), Some(Arc::clone(&successor.pool))));
-                    // The old pool stays in the list (and serving) until its successor is ready.
-                    next.push(running);
-                    next.push(successor);
-                    continue;
-                }
-                let (have, want) = (running.slots.len(), wanted.workers as usize);
-                if want > have {
-                    inner.start_slots(&mut running, have, want);
-                } else if want < have {
-                    let removed: Vec<Slot> = running.slots.drain(want..).collect();
-                    let pool = Arc::clone(&running.pool);
-                    tokio::spawn(async move {
-                        stop_slots(removed).await;
-                        for index in want..have {
-                            pool.remove_worker(index);
+            for change in changes {
+                match change {
+                    PoolChange::Add { pool, checkpoints } => next.push(inner.start_pool(pool, checkpoints.clone())),
+                    PoolChange::Replace { pool, checkpoints } => {
+                        let successor = inner.start_pool(pool, checkpoints.clone());
+                        if let Some(running) = take(&mut pools, &pool.name) {
+                            retirements.push((Arc::clone(&running.pool), Some(Arc::clone(&successor.pool))));
+                            // The old pool stays in the list (and serving) until its successor is ready.
+                            next.push(running);
                         }
-                    });
+                        next.push(successor);
+                    }
+                    PoolChange::Scale { name, to, .. } => {
+                        let Some(mut running) = take(&mut pools, name) else {
+                            continue;
+                        };
+                        let (have, want) = (running.slots.len(), *to as usize);
+                        if want > have {
+                            inner.start_slots(&mut running, have, want);
+                        } else if want < have {
+                            let removed: Vec<Slot> = running.slots.drain(want..).collect();
+                            tokio::spawn(scale_down_task(Arc::clone(&running.pool), removed, want));
+                        }
+                        next.push(running);
+                    }
+                    PoolChange::Keep { name } => next.extend(take(&mut pools, name)),
+                    PoolChange::Remove { name } => {
+                        if let Some(running) = take(&mut pools, name) {
+                            retirements.push((Arc::clone(&running.pool), None));
+                            next.push(running);
+                        }
+                    }
                 }
-                if want != have {
-                    summary
-                        .changes
-                        .push(format!("pool {}: {have} → {want} workers", wanted.name));
-                }
-                next.push(running);
             }
-            // Pools the new configuration no longer has (and pools already retiring) stay until
-            // their queues are done.
-            for running in pools.drain(..) {
-                if running.pool.accepting() {
-                    summary.changes.push(format!("pool {}: removed", running.pool.name()));
-                    retirements.push((Arc::clone(&running.pool), None));
-                }
-                next.push(running);
-            }
+            // Pools already retiring stay until their queues are done.
+            next.append(&mut pools);
             *pools = next;
         }
         inner.publish();
         for (old, successor) in retirements {
-            tokio::spawn(retire_pool(Arc::clone(inner), old, successor));
+            tokio::spawn(retire_task(Arc::clone(inner), old, successor));
         }
-        Ok(summary)
+        Ok(())
     }
 
     /// Stops every worker (drain, SIGTERM, grace, SIGKILL) and answers what is still queued.

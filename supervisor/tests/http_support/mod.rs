@@ -1,5 +1,6 @@
 //! Shared by the `http_*` tests: the fixture checkpoints, a backend that answers with upstream's
-//! recorded logits, an in-process server on an ephemeral loopback port, and a raw HTTP/1.1 client.
+//! recorded logits, and an in-process server on an ephemeral loopback port. They speak to it with
+//! the tests' one raw HTTP/1.1 client, `layad_system_tests::http`.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::collections::HashMap;
@@ -12,16 +13,14 @@ use futures::future::BoxFuture;
 use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::RowOutput;
 use laya::routing::CheckpointName;
-use layad::backend::{
-    Backend, BackendError, BackendStatus, Capabilities, Job, JobOutput, LoadedCheckpoint, PoolStatus, Route,
-    RouteCounts, WorkerState, WorkerStatus,
-};
-use layad::decide::Checkpoints;
+use layad::backend::{Backend, BackendError, Job, JobOutput, PoolAnswer, Route};
+use layad::checkpoints::Checkpoints;
+use layad::pool::capabilities::Capabilities;
+use layad::status::{BackendStatus, LoadedCheckpoint, PoolStatus, RouteCounts, WorkerState, WorkerStatus};
 use layad_config::{Config, PoolConfig};
 use layad_system_tests::goldens::{fixture_json, fixtures_dir};
+pub use layad_system_tests::http::{Framing, Request, Response, send};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 fn open_fixture_checkpoints(names: impl Iterator<Item = CheckpointName>) -> Arc<Checkpoints> {
     let cache = fixtures_dir().join("hf-cache/hub");
@@ -126,13 +125,15 @@ impl Backend for GoldenBackend {
                 return Err(error);
             }
             Ok(JobOutput {
-                outputs,
-                pool: "gpu".into(),
-                worker: "gpu-0".into(),
-                device: "cpu".into(),
-                queue_wait: Duration::from_micros(5),
-                device_time: Duration::from_micros(700),
-                batch_rows: 1,
+                answer: PoolAnswer {
+                    outputs,
+                    pool: "gpu".into(),
+                    worker: "gpu-0".into(),
+                    device: "cpu".into(),
+                    queue_wait: Duration::from_micros(5),
+                    device_time: Duration::from_micros(700),
+                    batch_rows: 1,
+                },
                 route: Route::Preferred,
                 reason: "'gpu' is the only pool".into(),
             })
@@ -248,204 +249,4 @@ impl TestServer {
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
         send(self.addr, &Request::new("GET", path).headers(headers)).await
     }
-}
-
-/// How a test request's body goes on the wire.
-#[derive(Clone, Debug)]
-pub enum Framing {
-    /// `Content-Length` of the real body (unless a header already declares one).
-    Length,
-    /// `Transfer-Encoding: chunked`, in chunks of this many bytes, terminated.
-    Chunked(usize),
-    /// Chunked, but the terminating chunk is never sent and the connection stays open.
-    ChunkedUnfinished(usize),
-}
-
-/// A raw HTTP/1.1 request.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub method: String,
-    pub path: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    pub framing: Framing,
-    /// Send no `Host` header.
-    pub no_host: bool,
-}
-
-impl Request {
-    pub fn new(method: &str, path: &str) -> Self {
-        Self {
-            method: method.into(),
-            path: path.into(),
-            headers: Vec::new(),
-            body: Vec::new(),
-            framing: Framing::Length,
-            no_host: false,
-        }
-    }
-
-    pub fn headers(mut self, headers: &[(&str, &str)]) -> Self {
-        self.headers
-            .extend(headers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        self
-    }
-
-    pub fn body(mut self, body: &[u8]) -> Self {
-        self.body = body.to_vec();
-        self
-    }
-
-    pub fn framing(mut self, framing: Framing) -> Self {
-        self.framing = framing;
-        self
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
-    }
-
-    /// The bytes to write.
-    fn wire(&self, addr: SocketAddr) -> Vec<u8> {
-        let mut head = format!("{} {} HTTP/1.1\r\n", self.method, self.path);
-        if !self.no_host && !self.has("host") {
-            head.push_str(&format!("Host: {addr}\r\n"));
-        }
-        head.push_str("Connection: close\r\n");
-        for (k, v) in &self.headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        let mut out = Vec::new();
-        match self.framing {
-            Framing::Length => {
-                if !self.has("content-length") && (!self.body.is_empty() || self.method != "GET") {
-                    head.push_str(&format!("Content-Length: {}\r\n", self.body.len()));
-                }
-                head.push_str("\r\n");
-                out.extend_from_slice(head.as_bytes());
-                out.extend_from_slice(&self.body);
-            }
-            Framing::Chunked(size) | Framing::ChunkedUnfinished(size) => {
-                head.push_str("Transfer-Encoding: chunked\r\n\r\n");
-                out.extend_from_slice(head.as_bytes());
-                for chunk in self.body.chunks(size.max(1)) {
-                    out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-                    out.extend_from_slice(chunk);
-                    out.extend_from_slice(b"\r\n");
-                }
-                if matches!(self.framing, Framing::Chunked(_)) {
-                    out.extend_from_slice(b"0\r\n\r\n");
-                }
-            }
-        }
-        out
-    }
-}
-
-/// A parsed response.
-#[derive(Clone, Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
-    }
-
-    /// The `detail` of an error body.
-    pub fn detail(&self) -> String {
-        self.json()["detail"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
-/// Sends `request` on a new connection and reads one response (without waiting for the server to
-/// read the whole body: the writer runs alongside). Panics after 20 s.
-pub async fn send(addr: SocketAddr, request: &Request) -> Response {
-    tokio::time::timeout(Duration::from_secs(20), exchange(addr, request))
-        .await
-        .unwrap_or_else(|_| panic!("no response within 20 s to {} {}", request.method, request.path))
-}
-
-async fn exchange(addr: SocketAddr, request: &Request) -> Response {
-    let stream = TcpStream::connect(addr).await.expect("connects");
-    let (mut reader, mut writer) = stream.into_split();
-    let wire = request.wire(addr);
-    let writer_task = tokio::spawn(async move {
-        // The server may answer and close before reading everything; that is what some tests check.
-        let _ = writer.write_all(&wire).await;
-        // Dropping the write half would half-close the socket, which hyper takes as the client
-        // leaving: keep it open until the response has been read (the task is aborted then).
-        std::future::pending::<()>().await;
-        drop(writer);
-    });
-    let response = read_response(&mut reader).await;
-    writer_task.abort();
-    response
-}
-
-async fn read_response(reader: &mut (impl AsyncReadExt + Unpin)) -> Response {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    let head_end = loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end;
-        }
-        let n = reader.read(&mut chunk).await.expect("reads the response head");
-        assert!(
-            n > 0,
-            "connection closed before a response: {:?}",
-            String::from_utf8_lossy(&buffer)
-        );
-        buffer.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().expect("status line");
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let mut body = buffer[head_end + 4..].to_vec();
-    let length = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok());
-    match length {
-        Some(length) => {
-            while body.len() < length {
-                let n = reader.read(&mut chunk).await.expect("reads the body");
-                assert!(n > 0, "connection closed inside the body");
-                body.extend_from_slice(&chunk[..n]);
-            }
-            body.truncate(length);
-        }
-        None => {
-            while let Ok(n) = reader.read(&mut chunk).await {
-                if n == 0 {
-                    break;
-                }
-                body.extend_from_slice(&chunk[..n]);
-            }
-        }
-    }
-    Response { status, headers, body }
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use laya::checkpoint::Location;
-use layad_proto::{Engine, EngineRow, WorkerClient};
+use layad_proto::logging::LogFormat;
+use layad_proto::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineRow, WorkerArgs, WorkerClient};
 use serde_json::json;
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions};
 
@@ -179,24 +180,26 @@ fn bench_row(tokens: u32, vocab: u32) -> EngineRow {
 }
 
 fn spawn_worker(bin: &Path, checkpoint: &Path, socket: &Path, args: &Args) -> std::io::Result<Child> {
-    let mut command = Command::new(bin);
-    command
-        .arg("--socket")
-        .arg(socket)
-        .arg("--checkpoint")
-        .arg(format!("bench={}", checkpoint.display()))
-        .arg("--device")
-        .arg(args.device.to_string())
+    let worker = WorkerArgs {
+        socket: socket.to_path_buf(),
+        checkpoints: vec![("bench".to_owned(), checkpoint.to_path_buf())],
+        device: args.device.to_string(),
+        dtype: "auto".to_owned(),
+        threads: args.threads,
+        max_rows: DEFAULT_MAX_ROWS,
+        max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+        length_buckets: Vec::new(),
         // The worker's stdin is a pipe whose write end only this process holds: if the bench dies,
         // the worker sees end-of-file and exits.
-        .args(["--liveness-fd", "0", "--log-format", "json"])
+        liveness_fd: Some(0),
+        log_format: LogFormat::Json,
+    };
+    Command::new(bin)
+        .args(worker.to_args())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(threads) = args.threads {
-        command.arg("--threads").arg(threads.to_string());
-    }
-    command.spawn()
+        .stderr(Stdio::null())
+        .spawn()
 }
 
 async fn connect(socket: &Path, worker: &mut Child) -> Result<WorkerClient, Box<dyn std::error::Error>> {

@@ -10,7 +10,9 @@ use std::fmt;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
-use pulp::{Simd, WithSimd};
+#[cfg(target_arch = "x86_64")]
+use pulp::Simd;
+use pulp::WithSimd;
 use rayon::prelude::*;
 
 /// Rows of the activation tile one kernel call computes.
@@ -284,6 +286,9 @@ pub(crate) struct TileCall<'a> {
     pub(crate) accumulate: bool,
 }
 
+/// The SIMD tile for `rows` rows (x86-64 only: elsewhere the CPU path is candle's, and the
+/// families that call this are never chosen).
+#[cfg(target_arch = "x86_64")]
 fn simd_tile<S: Simd>(simd: S, rows: usize, call: TileCall<'_>) {
     match rows {
         6 => simd.vectorize(Tile::<6>(call)),
@@ -297,8 +302,10 @@ fn simd_tile<S: Simd>(simd: S, rows: usize, call: TileCall<'_>) {
 
 /// The micro-kernel for `R` rows: `R × 2` accumulator registers, one broadcast activation times two
 /// weight registers per row and depth. `R` is a constant so the accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
 struct Tile<'a, const R: usize>(TileCall<'a>);
 
+#[cfg(target_arch = "x86_64")]
 impl<const R: usize> WithSimd for Tile<'_, R> {
     type Output = ();
 

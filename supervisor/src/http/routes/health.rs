@@ -11,9 +11,9 @@ use serde_json::{Map, Value, json};
 
 use layad_proto::pb::CheckpointParity;
 
-use crate::backend::{BackendStatus, PoolStatus, WorkerState, WorkerStatus};
-use crate::http::json_response;
-use crate::http::server::App;
+use crate::http::app::App;
+use crate::http::response::json_response;
+use crate::status::{BackendStatus, PoolStatus, WorkerState, WorkerStatus};
 
 /// `GET /livez`: 200 while the process can answer HTTP.
 pub async fn livez() -> Response {

@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
-use crate::http::server::App;
+use crate::http::app::App;
+use crate::http::response::ApiError;
 
 /// Renders every metric, reading the pools' state now.
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {

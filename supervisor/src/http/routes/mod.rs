@@ -1,16 +1,16 @@
 //! The endpoints, one module per group, and FastAPI's answers for everything else: 404
 //! `Not Found`, and a 307 to the same path without its trailing slash when that path exists.
 
-pub mod decide;
 pub mod health;
 pub mod metrics;
 pub mod models;
+pub mod systemone;
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use crate::http::response::ApiError;
 
 /// The decision endpoint.
 pub const SYSTEMONE: &str = "/v1/systemone";

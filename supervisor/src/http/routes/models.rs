@@ -10,8 +10,8 @@ use laya::checkpoint::Checkpoint;
 use laya::routing::CheckpointName;
 use serde_json::{Value, json};
 
-use crate::http::json_response;
-use crate::http::server::App;
+use crate::http::app::App;
+use crate::http::response::json_response;
 
 /// The aliases upstream's router accepts (`laya.router._ALIASES`, spec §6.1), sorted.
 /// `laya::routing` keeps its table private; the test below checks this copy against it.

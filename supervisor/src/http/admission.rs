@@ -1,18 +1,19 @@
 //! Admission of a decision request before any Laya work, in upstream's order: bearer key, declared
-//! size, then the body streamed under a byte cap and a deadline; and `Content-Encoding` decoding.
+//! size, then the body streamed under a byte cap and a deadline, then its `Content-Encoding` decoded.
 //!
 //! Decoding stops one byte past the cap, so a decompression bomb costs at most the cap to refuse.
 
 use std::io::Read;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use layad_config::ApiKey;
 
-use crate::error::ApiError;
+use crate::http::response::ApiError;
 
 /// Largest zstd window accepted: zstd level 19 uses 8 MiB; larger windows only serve to make the
 /// decoder allocate more than any accepted body needs.
@@ -36,9 +37,27 @@ impl Admission {
         }
     }
 
-    /// The largest body accepted, in bytes, on the wire and after decoding.
-    pub fn max_body_bytes(&self) -> usize {
-        self.max_body_bytes
+    /// Everything before Laya sees a `POST /v1/systemone`: the bearer key, the headers, the body
+    /// read under its cap and deadline, then decoded (off the reactor when it is compressed).
+    pub async fn admit(&self, request: Request) -> Result<Admitted, ApiError> {
+        let (parts, body) = request.into_parts();
+        self.authorize(&parts.headers)?;
+        let encoding = self.check_headers(&parts.headers)?;
+        let wire = self.read_body(body).await?;
+        let prepare_started = Instant::now();
+        let json = match encoding {
+            ContentEncoding::Identity => wire,
+            coding => {
+                let cap = self.max_body_bytes;
+                tokio::task::spawn_blocking(move || coding.decode(wire, cap))
+                    .await
+                    .map_err(|join| {
+                        tracing::error!(error = %join, "decoding the request body panicked");
+                        ApiError::inference_failed()
+                    })??
+            }
+        };
+        Ok(Admitted { json, prepare_started })
     }
 
     /// Upstream's bearer check: with a key configured, the `Authorization` header must be exactly
@@ -100,6 +119,15 @@ impl Admission {
             .await
             .map_err(|_| ApiError::body_timeout())?
     }
+}
+
+/// A request body that passed admission.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The body, decoded: what Laya parses.
+    pub json: Bytes,
+    /// When host work on it began (its decoding), for the prepare timing.
+    pub prepare_started: Instant,
 }
 
 /// Compares without returning early, so the time taken does not tell how much of a guess matched.

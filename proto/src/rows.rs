@@ -1,28 +1,63 @@
-//! Generic checks around the engine: a forward request against the limits the engine reported, before
-//! it reaches the engine, and the engine's outputs against the request, before they reach the wire.
+//! The row contract between the supervisor and every worker, in one place: what a forward may hold
+//! (checked by the harness before any engine, and by engines called directly), what an engine must
+//! answer, how rows are padded to length buckets, and the defaults of the limits of one forward.
+//!
+//! The supervisor plans its batches with the same bucket choice and defaults, so what it sends is
+//! what a worker accepts.
 
 use crate::engine::{EngineInfo, EngineOutput, EngineRow};
 
-/// What a forward may contain, taken once from the engine's [`EngineInfo`].
-#[derive(Clone, Debug)]
-pub(crate) struct ForwardLimits {
-    checkpoints: Vec<CheckpointLimits>,
-    max_rows: u32,
-    max_batch_tokens: u32,
-    /// Largest length bucket, when the engine pads to fixed lengths.
-    longest_bucket: Option<u32>,
+/// Most rows in one forward, unless configured (`pool.max_rows`, `--max-rows`).
+pub const DEFAULT_MAX_ROWS: u32 = 64;
+
+/// Most tokens (sum of row lengths) in one forward, unless configured (`pool.max_batch_tokens`,
+/// `--max-batch-tokens`): 64 rows of 512 tokens.
+pub const DEFAULT_MAX_BATCH_TOKENS: u32 = 32_768;
+
+/// The length a row of `len` tokens is padded to: the smallest of `buckets` (ascending) that holds
+/// it; `None` when none does.
+pub fn bucket_for(len: usize, buckets: &[u32]) -> Option<u32> {
+    buckets.iter().copied().find(|&b| b as usize >= len)
 }
 
+/// The buckets (ascending) rows of a checkpoint whose longest row is `max_len` can land in: every
+/// one up to `max_len`, and the first at or above it (rows longer than the bucket below pad to it).
+pub fn usable_buckets(buckets: &[u32], max_len: usize) -> Vec<u32> {
+    let mut usable = Vec::new();
+    for &bucket in buckets.iter().filter(|&&b| b > 0) {
+        usable.push(bucket);
+        if bucket as usize >= max_len {
+            break;
+        }
+    }
+    usable
+}
+
+/// What a forward may contain, taken once from the engine's [`EngineInfo`].
 #[derive(Clone, Debug)]
-struct CheckpointLimits {
-    name: String,
-    vocab_size: u32,
-    max_len: u32,
+pub struct ForwardLimits {
+    checkpoints: Vec<RowLimits>,
+    max_rows: u32,
+    max_batch_tokens: u32,
+}
+
+/// What one row of one checkpoint may contain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowLimits {
+    /// The checkpoint's name.
+    pub checkpoint: String,
+    /// Ids must be below this.
+    pub vocab_size: u32,
+    /// Longest row the checkpoint takes.
+    pub max_len: u32,
+    /// Largest length bucket, when the engine pads to fixed lengths.
+    pub longest_bucket: Option<u32>,
 }
 
 /// Why a forward request was refused; each message names the row, position and limit involved.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum InvalidForward {
+#[allow(missing_docs)] // each variant's message says what it means
+pub enum InvalidForward {
     #[error("unknown checkpoint {name:?}; this worker serves {served}")]
     UnknownCheckpoint { name: String, served: String },
     #[error("the forward has no rows")]
@@ -74,32 +109,37 @@ pub(crate) enum InvalidForward {
 
 impl ForwardLimits {
     /// Limits of the engine described by `info`.
-    pub(crate) fn from_info(info: &EngineInfo) -> Self {
+    pub fn from_info(info: &EngineInfo) -> Self {
+        let longest_bucket = info.length_buckets.iter().copied().max();
         ForwardLimits {
             checkpoints: info
                 .checkpoints
                 .iter()
-                .map(|c| CheckpointLimits {
-                    name: c.name.clone(),
+                .map(|c| RowLimits {
+                    checkpoint: c.name.clone(),
                     vocab_size: c.vocab_size,
                     max_len: c.max_len,
+                    longest_bucket,
                 })
                 .collect(),
             max_rows: info.max_rows,
             max_batch_tokens: info.max_batch_tokens,
-            longest_bucket: info.length_buckets.iter().copied().max(),
         }
     }
 
     /// Checks one forward; the first problem found is the answer.
-    pub(crate) fn check(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<(), InvalidForward> {
-        let limits = self.checkpoints.iter().find(|c| c.name == checkpoint).ok_or_else(|| {
-            let served: Vec<&str> = self.checkpoints.iter().map(|c| c.name.as_str()).collect();
-            InvalidForward::UnknownCheckpoint {
-                name: checkpoint.to_owned(),
-                served: served.join(", "),
-            }
-        })?;
+    pub fn check(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<(), InvalidForward> {
+        let limits = self
+            .checkpoints
+            .iter()
+            .find(|c| c.checkpoint == checkpoint)
+            .ok_or_else(|| {
+                let served: Vec<&str> = self.checkpoints.iter().map(|c| c.checkpoint.as_str()).collect();
+                InvalidForward::UnknownCheckpoint {
+                    name: checkpoint.to_owned(),
+                    served: served.join(", "),
+                }
+            })?;
         if rows.is_empty() {
             return Err(InvalidForward::NoRows);
         }
@@ -117,34 +157,37 @@ impl ForwardLimits {
             });
         }
         for (index, row) in rows.iter().enumerate() {
-            self.check_row(limits, index, row)?;
+            limits.check(index, row)?;
         }
         Ok(())
     }
+}
 
-    fn check_row(&self, limits: &CheckpointLimits, row: usize, data: &EngineRow) -> Result<(), InvalidForward> {
+impl RowLimits {
+    /// Checks row number `row` of a forward: tokens, ids, markers, question type.
+    pub fn check(&self, row: usize, data: &EngineRow) -> Result<(), InvalidForward> {
         let len = data.ids.len();
         if len == 0 {
             return Err(InvalidForward::EmptyRow { row });
         }
-        if len > limits.max_len as usize {
+        if len > self.max_len as usize {
             return Err(InvalidForward::RowTooLong {
                 row,
                 len,
-                checkpoint: limits.name.clone(),
-                max_len: limits.max_len,
+                checkpoint: self.checkpoint.clone(),
+                max_len: self.max_len,
             });
         }
         if let Some(bucket) = self.longest_bucket.filter(|&b| len > b as usize) {
             return Err(InvalidForward::RowLongerThanBuckets { row, len, bucket });
         }
-        if let Some((position, &id)) = data.ids.iter().enumerate().find(|(_, id)| **id >= limits.vocab_size) {
+        if let Some((position, &id)) = data.ids.iter().enumerate().find(|(_, id)| **id >= self.vocab_size) {
             return Err(InvalidForward::IdOutOfRange {
                 row,
                 position,
                 id,
-                checkpoint: limits.name.clone(),
-                vocab_size: limits.vocab_size,
+                checkpoint: self.checkpoint.clone(),
+                vocab_size: self.vocab_size,
             });
         }
         if data.markers.is_empty() {
@@ -179,7 +222,7 @@ impl ForwardLimits {
 
 /// Checks that the engine answered every row with one finite logit per marker and finite act
 /// probabilities; a failure here is an engine bug, reported instead of sent on.
-pub(crate) fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(), String> {
+pub fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(), String> {
     if outputs.len() != rows.len() {
         return Err(format!(
             "engine returned {} outputs for {} rows",
@@ -325,6 +368,27 @@ mod tests {
                 bucket: 64
             })
         );
+    }
+
+    #[test]
+    fn a_row_pads_to_the_smallest_bucket_that_holds_it() {
+        let buckets = [64, 96, 128];
+        assert_eq!(bucket_for(1, &buckets), Some(64));
+        assert_eq!(bucket_for(64, &buckets), Some(64));
+        assert_eq!(bucket_for(65, &buckets), Some(96));
+        assert_eq!(bucket_for(128, &buckets), Some(128));
+        assert_eq!(bucket_for(129, &buckets), None);
+        assert_eq!(bucket_for(1, &[]), None);
+    }
+
+    #[test]
+    fn a_checkpoint_uses_buckets_up_to_the_first_that_holds_its_longest_row() {
+        assert_eq!(usable_buckets(&[64, 96, 128], 96), vec![64, 96]);
+        assert_eq!(usable_buckets(&[64, 96, 128], 100), vec![64, 96, 128]);
+        assert_eq!(usable_buckets(&[64, 96, 128], 512), vec![64, 96, 128]);
+        assert_eq!(usable_buckets(&[64, 96, 128], 40), vec![64]);
+        assert_eq!(usable_buckets(&[0, 96], 40), vec![96]);
+        assert!(usable_buckets(&[], 40).is_empty());
     }
 
     #[test]

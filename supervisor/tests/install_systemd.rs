@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use layad::service::{Manager, Scope, ServiceOptions, render};
+use layad::install::{Manager, Scope, ServiceOptions, render};
 
 fn options(scope: Scope, home: &Path, config: Option<PathBuf>) -> ServiceOptions {
     ServiceOptions {

@@ -8,6 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use laya::routing::CheckpointName;
+use layad_proto::bucket_for;
+
+use crate::pool::capabilities::ForwardShape;
 
 /// Weight of a new observation in the moving average: recent enough to follow a device that got
 /// busier, smooth enough that one slow forward (a page fault, a preempted thread) does not swing it.
@@ -18,22 +21,7 @@ const EWMA_WEIGHT: f64 = 0.2;
 const UNKNOWN_MS: f64 = 50.0;
 
 /// Row lengths are banded so similar shapes share what was learnt.
-const LENGTH_BANDS: [usize; 12] = [16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096];
-
-/// A forward's shape: rows in the batch and the length every row is padded to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ForwardShape {
-    /// Rows in the forward.
-    pub rows: usize,
-    /// Tokens per row after padding.
-    pub padded_len: usize,
-}
-
-impl ForwardShape {
-    fn tokens(self) -> f64 {
-        (self.rows * self.padded_len) as f64
-    }
-}
+const LENGTH_BANDS: [u32; 12] = [16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Band {
@@ -44,11 +32,9 @@ struct Band {
 
 impl Band {
     fn of(checkpoint: CheckpointName, shape: ForwardShape) -> Self {
-        let length = LENGTH_BANDS
-            .iter()
-            .copied()
-            .find(|&b| b >= shape.padded_len)
-            .unwrap_or(shape.padded_len.next_power_of_two());
+        // Bands are buckets of the estimates: a length falls in the smallest band that holds it.
+        let length =
+            bucket_for(shape.padded_len, &LENGTH_BANDS).map_or(shape.padded_len.next_power_of_two(), |b| b as usize);
         Self {
             checkpoint,
             length,
@@ -98,11 +84,11 @@ impl ServiceModel {
         let mut points: Vec<(f64, f64)> = self
             .warmup
             .iter()
-            .filter(|w| w.checkpoint == checkpoint && w.shape.tokens() > 0.0)
-            .map(|w| (w.shape.tokens(), w.steady_ms))
+            .filter(|w| w.checkpoint == checkpoint && w.shape.tokens() > 0)
+            .map(|w| (w.shape.tokens() as f64, w.steady_ms))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let wanted = shape.tokens();
+        let wanted = shape.tokens() as f64;
         let (Some(&first), Some(&last)) = (points.first(), points.last()) else {
             return UNKNOWN_MS;
         };

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use layad::service::{LAUNCHD_LABEL, Manager, Scope, ServiceOptions, render};
+use layad::install::{LAUNCHD_LABEL, Manager, Scope, ServiceOptions, render};
 use plist::{Dictionary, Value};
 
 /// A config with a non-default shutdown grace and a key file, in a directory whose name needs

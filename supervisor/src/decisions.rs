@@ -1,0 +1,192 @@
+//! One decision, from an admitted JSON body to the answer text: parse, route and tokenize off the
+//! async reactor, run the rows on the backend within the request's deadline, then render the
+//! answers byte for byte as upstream does. Knows nothing of HTTP; its errors say what went wrong
+//! and `http::response` turns them into answers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use laya::decision::{DecisionOptions, PreparedDecision, prepare, respond};
+use laya::python_text::{Separators, py_json};
+use laya::request::{RequestError, parse_body};
+use laya::routing::CheckpointName;
+use serde_json::{Value, json};
+
+use crate::backend::{Backend, BackendError, Job, JobOutput};
+use crate::checkpoints::Checkpoints;
+use crate::live::LiveSettings;
+
+/// Where the time of one decision went (the `Server-Timing` header and the histograms).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Host work before the worker: decoding, parsing, routing, validation, tokenization.
+    pub prepare: Option<Duration>,
+    /// Waiting for a worker.
+    pub queue: Option<Duration>,
+    /// The worker's forward pass.
+    pub device: Option<Duration>,
+}
+
+/// Why a decision produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    /// The request is not one upstream would answer (its status and detail, as upstream's).
+    #[error("{}", .0.detail)]
+    Request(#[from] RequestError),
+    /// The backend did not run it (busy, deadline, no capable or ready pool, worker failure).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A bug: preparing the request panicked, or a routed checkpoint is not open.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The outcome of one decision, with what is known about it even when it failed.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The answer's JSON text, or why there is none.
+    pub result: Result<String, DecisionError>,
+    /// The checkpoint it was routed to, once routing happened.
+    pub checkpoint: Option<CheckpointName>,
+    /// The pool that ran it, once one did.
+    pub pool: Option<String>,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+/// Turns admitted bodies into answers.
+#[derive(Clone)]
+pub struct Decisions {
+    checkpoints: Arc<Checkpoints>,
+    backend: Arc<dyn Backend>,
+    options: DecisionOptions,
+    request_timeout: Duration,
+    live: Arc<LiveSettings>,
+}
+
+impl Decisions {
+    /// Decisions answered with these checkpoints and this backend, each within `request_timeout`.
+    pub fn new(
+        checkpoints: Arc<Checkpoints>,
+        backend: Arc<dyn Backend>,
+        options: DecisionOptions,
+        request_timeout: Duration,
+        live: Arc<LiveSettings>,
+    ) -> Self {
+        Self {
+            checkpoints,
+            backend,
+            options,
+            request_timeout,
+            live,
+        }
+    }
+
+    /// Answers the request whose (decoded) body is `json`. `prepare_started` is when host work on it
+    /// began (its body's decoding), so that the prepare timing covers all of it.
+    pub async fn answer(&self, json: Bytes, prepare_started: Instant, request_id: &str) -> Outcome {
+        let deadline = prepare_started + self.request_timeout;
+        let mut outcome = Outcome {
+            result: Err(DecisionError::Internal("not prepared".to_owned())),
+            checkpoint: None,
+            pool: None,
+            timings: Timings::default(),
+        };
+        let checkpoints = Arc::clone(&self.checkpoints);
+        let options = self.options;
+        // JSON parsing and tokenizing are CPU work: keep them off the reactor.
+        let prepared = tokio::task::spawn_blocking(move || {
+            let request = parse_body(&json)?;
+            prepare(&request, |name| checkpoints.get(name), options)
+        })
+        .await;
+        outcome.timings.prepare = Some(prepare_started.elapsed());
+        let prepared = match prepared {
+            Ok(Ok(prepared)) => prepared,
+            Ok(Err(e)) => {
+                outcome.result = Err(e.into());
+                return outcome;
+            }
+            Err(join) => {
+                tracing::error!(request_id, error = %join, "preparing the request panicked");
+                outcome.result = Err(DecisionError::Internal(format!(
+                    "preparing the request panicked: {join}"
+                )));
+                return outcome;
+            }
+        };
+        outcome.checkpoint = Some(prepared.checkpoint());
+        outcome.result = self.run(&prepared, request_id, deadline, &mut outcome).await;
+        outcome
+    }
+
+    /// Runs the rows (if any) by `deadline` and renders the answer.
+    async fn run(
+        &self,
+        prepared: &PreparedDecision,
+        request_id: &str,
+        deadline: Instant,
+        outcome: &mut Outcome,
+    ) -> Result<String, DecisionError> {
+        let checkpoint = self.checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
+            DecisionError::Internal(format!(
+                "checkpoint '{}' was routed to but is not open",
+                prepared.checkpoint().as_str()
+            ))
+        })?;
+        let mut diagnostics = None;
+        let outputs = if prepared.rows.is_empty() {
+            // Upstream answers an empty `questions` without a forward pass.
+            Vec::new()
+        } else {
+            let job = Job {
+                request_id: request_id.to_owned(),
+                checkpoint: prepared.checkpoint(),
+                rows: prepared.rows.clone(),
+            };
+            // The one deadline of a request: when it passes, dropping the run withdraws the job from
+            // whatever queue holds it.
+            let run = self.backend.run(job);
+            let output = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
+                Ok(Ok(output)) => output,
+                Ok(Err(e)) => {
+                    if let BackendError::Failed(reason) = &e {
+                        tracing::error!(request_id, %reason, "inference failed");
+                    }
+                    return Err(e.into());
+                }
+                Err(_) => return Err(BackendError::DeadlineExpired.into()),
+            };
+            outcome.pool = Some(output.answer.pool.clone());
+            outcome.timings.queue = Some(output.answer.queue_wait);
+            outcome.timings.device = Some(output.answer.device_time);
+            diagnostics = Some(diagnostics_block(&output));
+            output.answer.outputs
+        };
+        let mut body = respond(prepared, checkpoint, &outputs)?;
+        if self.live.diagnostics()
+            && let (Some(block), Some(object)) = (diagnostics, body.as_object_mut())
+        {
+            object.insert("x_layad".to_owned(), block);
+        }
+        Ok(py_json(&body, Separators::Compact))
+    }
+}
+
+/// The `x_layad` object: where the job ran, why there, and where its time went.
+fn diagnostics_block(output: &JobOutput) -> Value {
+    // Three decimals of a millisecond: enough to compare, short enough to read.
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let answer = &output.answer;
+    json!({
+        "pool": answer.pool,
+        "worker": answer.worker,
+        "device": answer.device,
+        "route": output.route.as_str(),
+        "reason": output.reason,
+        "queue_ms": ms(answer.queue_wait),
+        "device_ms": ms(answer.device_time),
+        "batch_rows": answer.batch_rows,
+    })
+}

@@ -1,0 +1,185 @@
+//! What every answer's body looks like: JSON rendered as upstream's Starlette renders it (compact,
+//! non-ASCII kept, `application/json`), and [`ApiError`], the one place a failure becomes an HTTP
+//! answer — a status, upstream's `{"detail": …}` and, for 503s, a `Retry-After` — with the one table
+//! from request-handling errors ([`DecisionError`], [`BackendError`]) to those answers.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use laya::python_text::{Separators, py_json};
+use laya::request::RequestError;
+use serde_json::{Map, Value};
+
+use crate::backend::BackendError;
+use crate::decisions::DecisionError;
+
+/// A JSON answer rendered as Starlette renders it.
+pub fn json_response(status: StatusCode, value: &Value) -> Response {
+    json_text_response(status, py_json(value, Separators::Compact))
+}
+
+/// A JSON answer whose text is already rendered.
+pub fn json_text_response(status: StatusCode, text: String) -> Response {
+    let mut response = (status, text).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// An HTTP error answer: status, upstream-style `detail`, and `Retry-After` when retrying helps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// The status code.
+    pub status: StatusCode,
+    /// The `detail` text.
+    pub detail: String,
+    /// Sent as `Retry-After` (whole seconds, at least 1).
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    /// An error with this status and detail.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// FastAPI's 404.
+    pub fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "Not Found")
+    }
+
+    /// FastAPI's 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+    }
+
+    /// Upstream's 401 (no `WWW-Authenticate`, as upstream).
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid or missing bearer token")
+    }
+
+    /// Upstream's 413 for a declared or streamed body over the cap.
+    pub fn body_too_large() -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
+    }
+
+    /// The slow-body 408 (the text of upstream 0.4.15, which added the same timeout).
+    pub fn body_timeout() -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "request body was not received in time")
+    }
+
+    /// Upstream's 500 for failures that are not the client's.
+    pub fn inference_failed() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "inference failed")
+    }
+
+    /// A 503 the client should retry after `after`.
+    pub fn unavailable(detail: impl Into<String>, after: Duration) -> Self {
+        Self {
+            retry_after: Some(after),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, detail)
+        }
+    }
+}
+
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // laya's only 503: a checkpoint this configuration does not serve. Retrying the same
+            // server will not help, but a load balancer may send the retry elsewhere.
+            return Self::unavailable(e.detail, Duration::from_secs(1));
+        }
+        Self::new(status, e.detail)
+    }
+}
+
+impl From<BackendError> for ApiError {
+    /// The single table from backend failures to answers.
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Overloaded { retry_after } => Self::unavailable("server busy, try again later", retry_after),
+            BackendError::DeadlineExpired => Self::unavailable(
+                "request timed out waiting for a worker; try again later",
+                Duration::from_secs(1),
+            ),
+            BackendError::CheckpointUnavailable(name) => Self::unavailable(
+                format!("checkpoint '{}' has no ready worker; try again later", name.as_str()),
+                Duration::from_secs(1),
+            ),
+            BackendError::NoCapablePool(why) => Self::unavailable(why, Duration::from_secs(1)),
+            BackendError::Failed(_) => Self::inference_failed(),
+        }
+    }
+}
+
+impl From<DecisionError> for ApiError {
+    fn from(e: DecisionError) -> Self {
+        match e {
+            DecisionError::Request(e) => e.into(),
+            DecisionError::Backend(e) => e.into(),
+            DecisionError::Internal(_) => Self::inference_failed(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = Map::new();
+        body.insert("detail".to_owned(), Value::from(self.detail));
+        let mut response = json_response(self.status, &Value::Object(body));
+        if let Some(after) = self.retry_after {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use laya::routing::CheckpointName;
+
+    #[test]
+    fn backend_failures_map_to_retryable_503s_or_a_500() {
+        let busy = ApiError::from(BackendError::Overloaded {
+            retry_after: Duration::from_millis(2500),
+        });
+        assert_eq!(
+            (busy.status, busy.detail.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "server busy, try again later")
+        );
+        let response = busy.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+
+        let down = ApiError::from(BackendError::CheckpointUnavailable(CheckpointName::Multilingual));
+        assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(down.detail.contains("'multilingual'"));
+        assert_eq!(down.into_response().headers()[header::RETRY_AFTER], "1");
+
+        let failed = ApiError::from(BackendError::Failed("device lost".into()));
+        assert_eq!(
+            (failed.status, failed.detail.as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "inference failed")
+        );
+        assert!(failed.into_response().headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn request_errors_keep_upstream_status_and_detail() {
+        let e = ApiError::from(RequestError::new(413, "too many questions (65 > 64)"));
+        assert_eq!(
+            (e.status.as_u16(), e.detail.as_str()),
+            (413, "too many questions (65 > 64)")
+        );
+    }
+}

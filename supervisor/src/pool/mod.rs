@@ -1,0 +1,383 @@
+//! A pool: identical workers on one device behind one bounded queue. Ready workers pull jobs from
+//! the queue (work-conserving: nobody waits behind a slow worker while another idles).
+//!
+//! Layout: [`capabilities`] (what the pool takes), [`queue`] (its plain [`State`]: queue, batches,
+//! backlog), [`estimate`] (service-time estimates), [`worker_task`] (one task per ready worker:
+//! batch → forward → answers). This module is the handle that ties them: [`Pool`] locks the state,
+//! wakes the worker tasks, admits the workers the process manager reports ready (which then runs
+//! their [`worker_task`]), and reports status.
+
+pub mod capabilities;
+pub mod estimate;
+pub mod queue;
+pub mod worker_task;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use laya::routing::CheckpointName;
+use layad_config::PoolConfig;
+use layad_proto::client::WorkerClient;
+use layad_proto::pb;
+use tokio::sync::{Notify, oneshot};
+
+use crate::backend::{BackendError, Job, PoolAnswer, Route};
+use crate::pool::capabilities::{Capabilities, ForwardShape, JobShape};
+use crate::pool::estimate::WarmupPoint;
+use crate::pool::queue::{ReadyWorker, State};
+use crate::status::{LoadedCheckpoint, PoolStatus, WarmupReport, WorkerState, WorkerStatus};
+
+/// What the scheduler needs to know about one pool for one job.
+#[derive(Clone, Debug)]
+pub struct PoolView {
+    /// The pool's name.
+    pub name: String,
+    /// What it takes.
+    pub capabilities: Capabilities,
+    /// The forward the job would need here, or why it cannot hold it.
+    pub holds: Result<ForwardShape, String>,
+    /// Ready workers that have the job's checkpoint loaded.
+    pub ready: usize,
+    /// Why the pool cannot run on this machine, if so.
+    pub unavailable: Option<String>,
+    /// Backlog plus the job's service estimate: when it would finish here (`None`: no ready worker).
+    pub expected: Option<Duration>,
+    /// A ready worker for the job's checkpoint is free and nothing waits: it would start at once.
+    pub idle: bool,
+    /// The job's service estimate alone.
+    pub service: Duration,
+}
+
+/// A ready worker's Describe answer, read once: what it runs, what it takes, how fast it warmed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerReport {
+    /// Device actually in use.
+    pub device: String,
+    /// Device asked for, and whether the one in use does not satisfy it.
+    pub requested_device: String,
+    /// Whether `device` does not satisfy `requested_device`.
+    pub device_mismatch: bool,
+    /// Precision in use.
+    pub dtype: String,
+    /// Checkpoints it loaded (names the supervisor does not know are left out).
+    pub checkpoints: Vec<LoadedCheckpoint>,
+    /// Its own limits of one forward.
+    pub capabilities: Option<pb::Capabilities>,
+    /// Its warm-up timings.
+    pub warmup: Vec<WarmupReport>,
+    /// The parity gate it passed, per checkpoint.
+    pub parity_gate: Vec<pb::CheckpointParity>,
+    /// CPU workers: the SIMD kernels its matrix products run on.
+    pub cpu_kernels: Option<String>,
+}
+
+impl WorkerReport {
+    /// Reads a Describe answer.
+    pub fn from_info(info: &pb::WorkerInfo) -> Self {
+        Self {
+            device: info.device.clone(),
+            requested_device: info.requested_device.clone(),
+            device_mismatch: info.device_mismatch,
+            dtype: info.dtype.clone(),
+            checkpoints: info
+                .checkpoints
+                .iter()
+                .filter_map(|c| {
+                    Some(LoadedCheckpoint {
+                        name: CheckpointName::from_name_or_alias(&c.name)?,
+                        revision: c.revision.clone(),
+                        sha256: c.weights_sha256.clone(),
+                    })
+                })
+                .collect(),
+            capabilities: info.capabilities.clone(),
+            warmup: info
+                .warmup
+                .iter()
+                .map(|w| WarmupReport {
+                    checkpoint: w.checkpoint.clone(),
+                    shape: w.shape.clone(),
+                    rows: w.rows,
+                    tokens_per_row: w.tokens_per_row,
+                    steady_ms: w.steady_ms,
+                })
+                .collect(),
+            parity_gate: info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default(),
+            cpu_kernels: info.cpu_kernels.clone(),
+        }
+    }
+
+    /// The warm-up timings as estimate seeds.
+    fn warmup_points(&self) -> Vec<WarmupPoint> {
+        self.warmup
+            .iter()
+            .filter_map(|w| {
+                Some(WarmupPoint {
+                    checkpoint: CheckpointName::from_name_or_alias(&w.checkpoint)?,
+                    shape: ForwardShape {
+                        rows: w.rows as usize,
+                        padded_len: w.tokens_per_row as usize,
+                    },
+                    steady_ms: w.steady_ms,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A worker admitted to a pool, as its [`worker_task`] needs it.
+#[derive(Clone, Debug)]
+pub struct AdmittedWorker {
+    /// Its slot in the pool.
+    pub index: usize,
+    /// Its gRPC handle.
+    pub client: WorkerClient,
+    /// The device it reported.
+    pub device: String,
+    /// The checkpoints it loaded.
+    pub checkpoints: Vec<CheckpointName>,
+    /// What it takes in one forward.
+    pub limits: Capabilities,
+}
+
+/// One pool of identical workers and its queue.
+pub struct Pool {
+    config: PoolConfig,
+    checkpoints: Vec<CheckpointName>,
+    configured: Capabilities,
+    state: Mutex<State>,
+    /// Wakes the worker tasks: a job was queued or re-queued, or a worker left.
+    notify: Notify,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("name", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// An empty pool for `config` serving `checkpoints`; workers join through [`Pool::admit`].
+    pub fn new(config: PoolConfig, checkpoints: Vec<CheckpointName>) -> Arc<Self> {
+        Arc::new(Self {
+            configured: Capabilities::from_config(&config),
+            config,
+            checkpoints,
+            state: Mutex::new(State::default()),
+            notify: Notify::new(),
+        })
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep serving with it.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the pool is configured to serve `checkpoint`.
+    pub fn serves(&self, checkpoint: CheckpointName) -> bool {
+        self.checkpoints.contains(&checkpoint)
+    }
+
+    /// The checkpoints the pool is configured to serve.
+    pub fn checkpoints(&self) -> &[CheckpointName] {
+        &self.checkpoints
+    }
+
+    fn capabilities_of(&self, state: &State) -> Capabilities {
+        // Workers of a pool are identical; the first ready one speaks for all.
+        state
+            .ready
+            .values()
+            .next()
+            .map_or_else(|| self.configured.clone(), |w| w.capabilities.clone())
+    }
+
+    /// How this pool would take a job of `shape` on `checkpoint`.
+    pub fn view(&self, checkpoint: CheckpointName, shape: JobShape) -> PoolView {
+        let state = self.lock();
+        let capabilities = self.capabilities_of(&state);
+        let holds = capabilities.holds(shape);
+        let service = holds
+            .as_ref()
+            .map_or(Duration::ZERO, |forward| state.model.estimate(checkpoint, *forward));
+        let ready = state
+            .ready
+            .values()
+            .filter(|w| w.checkpoints.contains(&checkpoint))
+            .count();
+        let expected = if ready == 0 {
+            None
+        } else {
+            state.backlog().map(|backlog| backlog + service)
+        };
+        let busy = state.running.len();
+        let idle = ready > busy && state.queue.is_empty();
+        PoolView {
+            name: self.config.name.clone(),
+            capabilities,
+            holds,
+            ready,
+            unavailable: state.unavailable.clone(),
+            expected,
+            idle,
+            service,
+        }
+    }
+
+    /// Whether the pool takes new jobs: not retiring.
+    pub fn accepting(&self) -> bool {
+        !self.lock().retiring
+    }
+
+    /// Whether every worker slot has a ready worker (a replacement pool is ready to take over).
+    pub fn fully_ready(&self) -> bool {
+        self.lock().ready.len() >= self.config.workers as usize
+    }
+
+    /// Whether nothing is queued or running (a retiring pool may stop).
+    pub fn idle(&self) -> bool {
+        let state = self.lock();
+        state.queue.is_empty() && state.in_flight == 0
+    }
+
+    /// Stops taking new jobs; queued ones still run (reload replaced or removed the pool).
+    pub fn set_retiring(&self) {
+        self.lock().retiring = true;
+    }
+
+    /// Queues a job the scheduler placed here by `route`, or refuses it at once when the queue is
+    /// full. The receiver gets the answer; dropping it withdraws the job.
+    pub fn enqueue(
+        &self,
+        job: Job,
+        forward: ForwardShape,
+        route: Route,
+    ) -> Result<oneshot::Receiver<Result<PoolAnswer, BackendError>>, BackendError> {
+        let receiver = self
+            .lock()
+            .push(job, forward, route, self.config.queue_capacity as usize)?;
+        self.notify.notify_waiters();
+        Ok(receiver)
+    }
+
+    /// Counts a job that preferred this pool but went elsewhere.
+    pub fn count_spilled_out(&self) {
+        self.lock().spilled_out += 1;
+    }
+
+    /// Updates the health record of slot `index` through `update`.
+    pub fn update_worker(&self, index: usize, update: impl FnOnce(&mut WorkerStatus)) {
+        update(self.record(&mut self.lock(), index));
+    }
+
+    /// The health record of slot `index`, created on first use.
+    fn record<'a>(&self, state: &'a mut State, index: usize) -> &'a mut WorkerStatus {
+        state
+            .workers
+            .entry(index)
+            .or_insert_with(|| WorkerStatus::starting(format!("{}/{index}", self.config.name)))
+    }
+
+    /// Forgets slot `index` (scaled down by a reload).
+    pub fn remove_worker(&self, index: usize) {
+        self.lock().workers.remove(&index);
+    }
+
+    /// Marks the pool degraded (or healthy again with `None`).
+    pub fn set_degraded(&self, reason: Option<String>) {
+        self.lock().degraded = reason;
+    }
+
+    /// Marks the pool unable to run on this machine (its worker said its device is missing).
+    pub fn set_unavailable(&self, reason: String) {
+        self.lock().unavailable = Some(reason);
+    }
+
+    /// Admits the ready worker of slot `index`, as its Describe `report` says it is: its record
+    /// shows it ready and it is in rotation. The caller runs its [`worker_task`], which pulls jobs.
+    pub fn admit(&self, index: usize, client: WorkerClient, report: WorkerReport) -> AdmittedWorker {
+        let checkpoints: Vec<CheckpointName> = report.checkpoints.iter().map(|c| c.name).collect();
+        let capabilities = match &report.capabilities {
+            Some(own) => self.configured.narrowed_by(own),
+            None => self.configured.clone(),
+        };
+        let device = report.device.clone();
+        {
+            // One lock: the worker is in rotation exactly when its record says ready.
+            let mut state = self.lock();
+            state.model.seed(report.warmup_points());
+            state.ready.insert(
+                index,
+                ReadyWorker {
+                    checkpoints: checkpoints.clone(),
+                    capabilities: capabilities.clone(),
+                },
+            );
+            let record = self.record(&mut state, index);
+            record.state = WorkerState::Ready;
+            record.device = Some(report.device);
+            record.dtype = Some(report.dtype);
+            record.checkpoints = report.checkpoints;
+            record.warmup = report.warmup;
+            record.parity_gate = report.parity_gate;
+            record.cpu_kernels = report.cpu_kernels;
+        }
+        self.notify.notify_waiters();
+        AdmittedWorker {
+            index,
+            client,
+            device,
+            checkpoints,
+            limits: capabilities,
+        }
+    }
+
+    /// Takes the worker out of rotation (it died, failed or is being stopped); its current job, if
+    /// any, is retried by its worker task.
+    pub fn retire(&self, index: usize) {
+        self.lock().ready.remove(&index);
+    }
+
+    /// A snapshot for health, readiness and metrics.
+    pub fn status(&self) -> PoolStatus {
+        let state = self.lock();
+        PoolStatus {
+            name: self.config.name.clone(),
+            worker_kind: self.config.worker.as_str().to_owned(),
+            device: self.config.device.as_str().to_owned(),
+            checkpoints: self.checkpoints.clone(),
+            queue_depth: state.queue.len(),
+            queue_capacity: self.config.queue_capacity as usize,
+            in_flight: state.in_flight,
+            degraded: state.degraded.clone(),
+            unavailable: state.unavailable.clone(),
+            retiring: state.retiring,
+            capabilities: self.capabilities_of(&state),
+            backlog: state.backlog().unwrap_or_default(),
+            routed: state.routed,
+            spilled_out: state.spilled_out,
+            batches: state.batches,
+            workers: state.workers.values().cloned().collect(),
+        }
+    }
+
+    /// Answers every queued job with `error` (used at shutdown once the grace period is over).
+    pub fn fail_queued(&self, error: impl Fn() -> BackendError) {
+        let drained = self.lock().take_all();
+        for q in drained {
+            let _ = q.reply.send(Err(error()));
+        }
+    }
+}

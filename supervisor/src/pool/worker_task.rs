@@ -1,0 +1,170 @@
+//! One task per ready worker: wait for a batch it can run, send it over gRPC, hand each job its
+//! answer, and learn the device time. A job whose worker dies before answering goes back to the front
+//! of the queue once (decisions are pure, so a retry is safe).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use laya::decision::RowOutput;
+use layad_proto::EngineRow;
+use layad_proto::client::ClientError;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BackendError, PoolAnswer};
+use crate::pool::capabilities::ForwardShape;
+use crate::pool::queue::Entry;
+use crate::pool::{AdmittedWorker, Pool};
+
+/// How many times a job may be started on a worker: once, plus one retry after a worker death.
+const MAX_ATTEMPTS: u32 = 2;
+
+/// Longest a worker task sleeps without looking at the queue: withdrawn jobs leave it (and its
+/// depth in `/health` falls) even when nothing else happens.
+const LOOK_AGAIN: Duration = Duration::from_millis(250);
+
+/// Pulls batches for `worker` until `retired` (finish the batch in flight, then stop) or `dead` (the
+/// process is gone: the batch in flight goes back to the queue) is cancelled.
+pub async fn worker_task(pool: Arc<Pool>, worker: AdmittedWorker, retired: CancellationToken, dead: CancellationToken) {
+    let name = format!("{}/{}", pool.name(), worker.index);
+    while let Some(batch) = next_batch(&pool, &worker, &retired).await {
+        if !run_batch(&pool, &worker, &name, batch, &dead).await {
+            // This worker is gone; the process manager restarts it.
+            break;
+        }
+    }
+    pool.lock().ready.remove(&worker.index);
+    // The jobs this worker would have taken must not wait for it: wake the others.
+    pool.notify.notify_waiters();
+}
+
+/// Waits for the next batch `worker` can run; `None` once `stop` is cancelled.
+async fn next_batch(pool: &Pool, worker: &AdmittedWorker, stop: &CancellationToken) -> Option<Vec<Entry>> {
+    let batch_wait = pool.config().batch_wait;
+    loop {
+        let notified = pool.notify.notified();
+        tokio::pin!(notified);
+        // Register before looking, so a job queued between the look and the wait still wakes us.
+        notified.as_mut().enable();
+        let wake_after = {
+            let mut state = pool.lock();
+            state.drop_abandoned();
+            if let Some(batch) = state.take_batch(&worker.checkpoints, &worker.limits, batch_wait) {
+                return Some(batch);
+            }
+            // A job waiting for company: look again when its wait is over.
+            state
+                .batch_wait_left(&worker.checkpoints, batch_wait)
+                .map_or(LOOK_AGAIN, |left| left.min(LOOK_AGAIN))
+        };
+        tokio::select! {
+            () = &mut notified => {}
+            () = stop.cancelled() => return None,
+            () = tokio::time::sleep(wake_after) => {}
+        }
+    }
+}
+
+/// Runs one batch and answers its jobs; false when the worker is lost (its jobs were re-queued or
+/// failed) and its task must end.
+async fn run_batch(
+    pool: &Pool,
+    worker: &AdmittedWorker,
+    name: &str,
+    mut batch: Vec<Entry>,
+    dead: &CancellationToken,
+) -> bool {
+    let checkpoint = batch[0].job.checkpoint;
+    let forward = ForwardShape {
+        rows: batch.iter().map(|q| q.job.rows.len()).sum(),
+        padded_len: batch.iter().map(|q| q.forward.padded_len).max().unwrap_or(0),
+    };
+    let rows: Vec<EngineRow> = batch
+        .iter()
+        .flat_map(|q| &q.job.rows)
+        .map(|r| EngineRow {
+            ids: r.ids.clone(),
+            markers: r.markers.clone(),
+            qtype: r.qtype as u32,
+        })
+        .collect();
+    let started = Instant::now();
+    {
+        let mut state = pool.lock();
+        let estimate = state.model.estimate(checkpoint, forward);
+        state.running.insert(worker.index, (started, estimate));
+        if batch.len() > 1 {
+            state.batches.0 += 1;
+            state.batches.1 += batch.len() as u64;
+        }
+    }
+    for q in &mut batch {
+        q.attempts += 1;
+    }
+    let result = tokio::select! {
+        result = worker.client.forward(checkpoint.as_str(), &rows) => result,
+        // The process manager saw the worker exit: treat it like a lost connection.
+        () = dead.cancelled() => Err(ClientError::Unavailable("worker process exited".to_owned())),
+    };
+    {
+        let mut state = pool.lock();
+        state.in_flight -= batch.len();
+        state.running.remove(&worker.index);
+        if let Ok(answer) = &result {
+            state
+                .model
+                .observe(checkpoint, forward, Duration::from_micros(answer.device_us));
+        }
+    }
+    match result {
+        Ok(answer) => {
+            let device_time = Duration::from_micros(answer.device_us);
+            let mut outputs = answer.outputs.into_iter().map(|o| RowOutput {
+                act_probability: o.act_probabilities.first().copied().unwrap_or(f32::NAN),
+                logits: o.logits,
+            });
+            for q in batch {
+                let own: Vec<RowOutput> = outputs.by_ref().take(q.job.rows.len()).collect();
+                let _ = q.reply.send(Ok(PoolAnswer {
+                    outputs: own,
+                    pool: pool.name().to_owned(),
+                    worker: name.to_owned(),
+                    device: worker.device.clone(),
+                    queue_wait: started.duration_since(q.enqueued),
+                    device_time,
+                    batch_rows: forward.rows,
+                }));
+            }
+            true
+        }
+        Err(error) if error.is_retryable() => {
+            let (retry, give_up): (Vec<Entry>, Vec<Entry>) = batch.into_iter().partition(|q| q.attempts < MAX_ATTEMPTS);
+            for q in &retry {
+                tracing::warn!(worker = name, request_id = %q.job.request_id, %error, "worker lost a job; retrying it on another worker");
+            }
+            for q in give_up {
+                tracing::error!(worker = name, request_id = %q.job.request_id, %error, "job lost its worker twice");
+                let _ = q.reply.send(Err(BackendError::Failed(error.to_string())));
+            }
+            pool.lock().requeue_front(retry);
+            pool.notify.notify_waiters();
+            false
+        }
+        Err(error) if batch.len() > 1 => {
+            // One job of the batch may have been refused for all: run each alone.
+            tracing::warn!(worker = name, %error, jobs = batch.len(), "a batched forward failed; running its jobs one by one");
+            for q in &mut batch {
+                q.solo = true;
+                q.attempts -= 1;
+            }
+            pool.lock().requeue_front(batch);
+            true
+        }
+        Err(error) => {
+            for q in batch {
+                tracing::error!(worker = name, request_id = %q.job.request_id, %error, "worker failed a job");
+                let _ = q.reply.send(Err(BackendError::Failed(error.to_string())));
+            }
+            true
+        }
+    }
+}
