@@ -197,8 +197,8 @@ pub enum AneError {
 
 impl AneError {
     /// True when the device or its artifacts do not exist here (Core ML absent, macOS too old,
-    /// artifacts missing, graph not placed on the Neural Engine): the binary exits with
-    /// `EXIT_DEVICE_UNAVAILABLE`.
+    /// artifacts missing, graph not placed on the Neural Engine, graph outside the parity gate on
+    /// this device): the binary exits with `EXIT_DEVICE_UNAVAILABLE`.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
@@ -206,6 +206,7 @@ impl AneError {
                 | AneError::MacosTooOld(_)
                 | AneError::MissingBucket { .. }
                 | AneError::Placement { .. }
+                | AneError::Parity { .. }
                 | AneError::Artifact {
                     source: ArtifactError::Missing { .. },
                     ..
@@ -216,9 +217,10 @@ impl AneError {
 
 impl AneError {
     /// True when the command line asks for something this worker never runs (a precision its
-    /// executor lacks, Core ML on the CPU, no checkpoint or bucket, a name twice): the same
-    /// arguments fail the same way every time, so the binary exits with `EXIT_CONFIG_REFUSED`
-    /// and the supervisor does not restart it.
+    /// executor lacks, Core ML on the CPU, no checkpoint or bucket, a name twice, artifacts that
+    /// are malformed or made for another checkpoint or graph): the same arguments fail the same
+    /// way every time, so the binary exits with `EXIT_CONFIG_REFUSED` and the supervisor does not
+    /// restart it.
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
@@ -227,6 +229,10 @@ impl AneError {
                 | AneError::NoCheckpoints
                 | AneError::DuplicateName(_)
                 | AneError::NoBuckets(_)
+                | AneError::Artifact {
+                    source: ArtifactError::Malformed { .. } | ArtifactError::Mismatch { .. },
+                    ..
+                }
         )
     }
 }
@@ -690,6 +696,41 @@ mod tests {
             assert!(options(ExecutorKind::Candle, precision).check("linux", None).is_ok());
         }
         assert!(AneError::CoreMlOnCpu.is_configuration());
+    }
+
+    #[test]
+    fn wrong_artifacts_and_a_failed_parity_gate_are_not_restarted() {
+        let artifact = |source| AneError::Artifact {
+            name: "english".into(),
+            source,
+        };
+        let path = PathBuf::from("artifacts/english/L64/manifest.json");
+        let mismatch = artifact(ArtifactError::Mismatch {
+            path: path.clone(),
+            field: "graph".into(),
+            expected: artifact::GRAPH.into(),
+            found: "other".into(),
+        });
+        let malformed = artifact(ArtifactError::Malformed {
+            path: path.clone(),
+            problem: "expected value at line 1 column 1".into(),
+        });
+        for error in [&mismatch, &malformed] {
+            assert!(error.is_configuration() && !error.is_unavailable(), "{error}");
+        }
+        let parity = AneError::Parity {
+            name: "english".into(),
+            executor: "coreml".into(),
+            file: PathBuf::from("parity.json"),
+            reason: "max |Δp| 0.05 > 0.02".into(),
+        };
+        assert!(parity.is_unavailable() && !parity.is_configuration());
+        // A file that cannot be read may be a passing fault (a disk, a mount): restarted.
+        let io = artifact(ArtifactError::Io {
+            path,
+            source: std::io::Error::other("EIO"),
+        });
+        assert!(!io.is_unavailable() && !io.is_configuration());
     }
 
     #[test]
