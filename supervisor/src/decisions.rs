@@ -14,6 +14,7 @@ use laya::routing::CheckpointName;
 use serde_json::{Value, json};
 
 use crate::backend::{Backend, BackendError, Job, JobOutput};
+use crate::status::JobClass;
 use crate::checkpoints::Checkpoints;
 use crate::live::LiveSettings;
 
@@ -26,6 +27,8 @@ pub struct Timings {
     pub queue: Option<Duration>,
     /// The worker's forward pass.
     pub device: Option<Duration>,
+    /// The job's class (question count and length band): the queue wait is recorded under it.
+    pub class: Option<JobClass>,
 }
 
 /// Why a decision produced no answer.
@@ -144,7 +147,9 @@ impl Decisions {
                 request_id: request_id.to_owned(),
                 checkpoint: prepared.checkpoint(),
                 rows: prepared.rows.clone(),
+                deadline,
             };
+            outcome.timings.class = Some(job.class());
             // The one deadline of a request: when it passes, dropping the run withdraws the job from
             // whatever queue holds it.
             let run = self.backend.run(job);
