@@ -63,6 +63,7 @@ impl Shared {
             forwards_in_flight: 0,
             failure: None,
             parity_gate: started.parity,
+            cpu_kernels: started.cpu_kernels,
         };
         Shared {
             status,
