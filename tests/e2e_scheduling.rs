@@ -1,5 +1,6 @@
 //! Heterogeneous pools with real workers: shape routing with its recorded reason, spill from a
-//! saturated short pool, an idle pool taking over a job queued on a busy one, shortest-first order
+//! saturated short pool, an idle pool taking over a job queued on a busy one, admission by deadline
+//! (503 with Retry-After at once, not a timeout), shortest-first order
 //! inside a pool (and arrival order when configured), dynamic batching that does not change answers,
 //! and live reloads that add and remove workers under load or refuse a broken file.
 
@@ -241,10 +242,12 @@ async fn a_short_request_queued_behind_long_ones_is_answered_first_unless_order_
     const SHORT: &str = "choice_one_option_list";
     const QUEUED: usize = 12;
     for order in ["shortest-first", "arrival"] {
-        // Aging 1000: the long jobs keep their place only after waiting 1000 times their own
-        // estimate (seconds on this checkpoint), far longer than this test takes to queue them.
+        // Aging 100: a long job keeps its place against later short ones only after waiting 100
+        // times its own estimate (tens of seconds here), far longer than this test takes to queue
+        // them. (Not more: a priority is never later than the deadline minus the estimate, and at
+        // 1000 the 60 s timeout would cap every job's priority and give back arrival order.)
         let config = format!(
-            "[server]\nrequest_timeout = \"60s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\nmax_rows = 12\n\n[scheduling]\norder = \"{order}\"\naging = 1000\n"
+            "[server]\nrequest_timeout = \"60s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\nmax_rows = 12\n\n[scheduling]\norder = \"{order}\"\naging = 100\n"
         );
         let server = Arc::new(start_all_ready(&config).await);
         let worker = Pid::from_raw(worker_pid(&server, "cpu").await);
@@ -287,6 +290,71 @@ async fn a_short_request_queued_behind_long_ones_is_answered_first_unless_order_
             "{metrics}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_finish_before_its_timeout_is_refused_at_once_with_retry_after() {
+    const CASE: &str = "choice_one_option_list";
+    let config = "[server]\nrequest_timeout = \"2s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\n";
+    let server = Arc::new(start_all_ready(config).await);
+    let post = |server: &Arc<Server>| {
+        let server = Arc::clone(server);
+        tokio::spawn(async move {
+            post_json(server.addr, "/v1/systemone", golden_body(CASE).as_bytes())
+                .await
+                .expect("post")
+        })
+    };
+    assert_golden(decide(&server, &golden_body(CASE)).await, CASE);
+
+    // A job on a frozen worker overruns its estimate (tens of milliseconds) and then its own 2 s
+    // deadline: that one times out, as before.
+    let worker = Pid::from_raw(worker_pid(&server, "cpu").await);
+    kill(worker, Signal::SIGSTOP).expect("SIGSTOP");
+    let stuck = post(&server);
+    wait_for_pool(&server, "cpu", "in_flight", 1).await;
+    let timed_out = stuck.await.expect("task");
+    assert_eq!(timed_out.status, 503, "{}", timed_out.text());
+    assert!(timed_out.detail().contains("timed out"), "{}", timed_out.text());
+
+    // The worker is now seconds past its estimate and expected to stay busy as long again: a new
+    // request could not finish within its 2 s, so it is refused at once instead of timing out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = Instant::now();
+    let refused = post(&server).await.expect("task");
+    let waited = asked.elapsed();
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.detail().contains("would finish in about") && refused.detail().contains("after its timeout"),
+        "{}",
+        refused.text()
+    );
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=60).contains(&retry_after), "Retry-After: {retry_after}");
+    assert!(waited < Duration::from_secs(2), "refused only after {waited:?}");
+    assert_eq!(pool_health(&server, "cpu").await["queue_depth"], 0, "nothing queued for it");
+
+    // Once the worker is back, requests are admitted again and answered as upstream does.
+    kill(worker, Signal::SIGCONT).expect("SIGCONT");
+    wait_for_pool(&server, "cpu", "in_flight", 0).await;
+    let start = Instant::now();
+    let answer = loop {
+        let response = post(&server).await.expect("task");
+        if response.status == 200 {
+            break response.json();
+        }
+        // The stalled forward's time moved the estimate; it is back within the timeout at once,
+        // but allow the worker a moment.
+        assert!(start.elapsed() < Duration::from_secs(10), "never admitted again: {}", response.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_golden(answer, CASE);
+    let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+    assert!(metrics.contains("status=\"503\""), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
