@@ -307,3 +307,118 @@ fn a_forward_past_its_estimate_keeps_its_worker_busy_for_as_long_again() {
     state.running.insert(0, (Instant::now(), Duration::ZERO));
     assert!(state.backlog() >= Some(MS));
 }
+
+/// Queues `job` as `push` would had it arrived at `at` (a virtual clock), in `policy`'s order.
+fn arrive(state: &mut State, job: Job, at: Instant, policy: &QueuePolicy) -> Answer {
+    let forward = forward(&job);
+    let estimate = state.model.estimate(job.checkpoint, forward);
+    let (reply, receiver) = oneshot::channel();
+    state.next_seq += 1;
+    let entry = Entry {
+        priority: policy.priority(at, estimate, job.deadline),
+        job,
+        forward,
+        estimate,
+        enqueued: at,
+        seq: state.next_seq,
+        attempts: 0,
+        solo: false,
+        taken_over: None,
+        reply,
+    };
+    state.insert(entry);
+    receiver
+}
+
+/// One worker (one job per forward, each taking its estimate) serving a 30 ms job every 25 ms from
+/// 0 on and a 200 ms job arriving at 1 ms: more short work than the worker can do, so short jobs
+/// alone would keep it busy forever. Returns when the long job started (`None`: not within
+/// `horizon`) and the arrival times of the short jobs that started before it.
+fn long_job_under_a_stream_of_short_ones(policy: &QueuePolicy, horizon: Duration) -> (Option<Duration>, Vec<Duration>) {
+    let mut state = state(1.0, 1);
+    let mut one_row = general();
+    one_row.max_rows = 1;
+    let t0 = Instant::now() + Duration::from_secs(1);
+    let mut arrivals = std::iter::once((Duration::ZERO, 30))
+        .chain(std::iter::once((MS, 200)))
+        .chain((1..).map(|i| (i * 25 * MS, 30)))
+        .peekable();
+    let mut answers = Vec::new();
+    let mut free = Duration::ZERO;
+    let mut passed = Vec::new();
+    while free < horizon {
+        while let Some(&(at, len)) = arrivals.peek().filter(|(at, _)| *at <= free) {
+            answers.push(arrive(&mut state, job(ENGLISH, &[len]), t0 + at, policy));
+            arrivals.next();
+        }
+        let Some(batch) = state.take_batch(0, &CheckpointName::ALL, &one_row, Duration::ZERO) else {
+            // Idle until the next arrival.
+            free = arrivals.peek().map_or(horizon, |&(at, _)| at);
+            continue;
+        };
+        let entry = &batch[0];
+        if entry.job.rows[0].ids.len() == 200 {
+            return (Some(free), passed);
+        }
+        passed.push(entry.enqueued.duration_since(t0));
+        free += entry.estimate;
+    }
+    (None, passed)
+}
+
+#[test]
+fn aging_bounds_how_long_a_long_job_waits_behind_a_stream_of_short_ones() {
+    let horizon = Duration::from_secs(20);
+    let aging = policy(QueueOrder::ShortestFirst);
+    let (start, passed) = long_job_under_a_stream_of_short_ones(&aging, horizon);
+    let start = start.expect("the long job starts");
+    // Its priority: 10 × 200 ms after it arrived (at 2001 ms). Only short jobs whose own priority
+    // (arrival + 10 × 30 ms) comes earlier pass it: the 69 that arrived by 1700 ms, 2.07 s of work;
+    // none that arrived after it had waited 2 s. Unbounded short work delays it by at most that.
+    let aged = 2001 * MS;
+    assert!(passed.iter().all(|&at| at + 300 * MS < aged), "{passed:?}");
+    assert_eq!(passed.len(), 69);
+    assert_eq!(start, 69 * 30 * MS);
+    assert!(start <= aged + aged, "started after {start:?}");
+    // Without aging (a bound far beyond the horizon) it starves; in arrival order it goes first.
+    let no_aging = QueuePolicy {
+        order: QueueOrder::ShortestFirst,
+        aging: 1000.0,
+    };
+    assert_eq!(long_job_under_a_stream_of_short_ones(&no_aging, horizon).0, None);
+    let arrival = policy(QueueOrder::Arrival);
+    assert_eq!(long_job_under_a_stream_of_short_ones(&arrival, horizon).0, Some(30 * MS));
+}
+
+#[test]
+fn a_job_near_its_deadline_goes_before_shorter_ones_that_can_wait() {
+    let mut state = state(1.0, 1);
+    let aging = policy(QueueOrder::ShortestFirst);
+    let t0 = Instant::now() + Duration::from_secs(1);
+    let mut urgent = job(ENGLISH, &[200]);
+    // Due 300 ms after it arrives: it must start within 100 ms, before 10 × 200 ms of aging.
+    urgent.deadline = t0 + 300 * MS;
+    let _answers = [
+        arrive(&mut state, job(ENGLISH, &[30]), t0, &aging),
+        arrive(&mut state, urgent, t0 + MS, &aging),
+        arrive(&mut state, job(ENGLISH, &[40]), t0 + 2 * MS, &aging),
+    ];
+    assert_eq!(queued(&state), ["[200]", "[30]", "[40]"]);
+}
+
+#[test]
+fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
+    let mut state = state(1.0, 1);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[40]), (ENGLISH, &[44]), (ENGLISH, &[36]), (ENGLISH, &[120])],
+    );
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &short_pool(), Duration::ZERO)
+        .expect("a batch");
+    // Shortest first, and the three of similar length share a forward; 120 tokens would triple it.
+    assert_eq!(ids(&batch), ["[36]", "[40]", "[44]"]);
+    assert_eq!(forward_of(&batch), ForwardShape { rows: 3, padded_len: 44 });
+    assert_eq!(queued(&state), ["[120]"]);
+}
