@@ -295,7 +295,8 @@ async fn a_short_request_queued_behind_long_ones_is_answered_first_unless_order_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_cannot_finish_before_its_timeout_is_refused_at_once_with_retry_after() {
     const CASE: &str = "choice_one_option_list";
-    let config = "[server]\nrequest_timeout = \"2s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\n";
+    let config =
+        "[server]\nrequest_timeout = \"2s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\n";
     let server = Arc::new(start_all_ready(config).await);
     let post = |server: &Arc<Server>| {
         let server = Arc::clone(server);
@@ -336,7 +337,11 @@ async fn a_request_that_cannot_finish_before_its_timeout_is_refused_at_once_with
         .expect("whole seconds");
     assert!((1..=60).contains(&retry_after), "Retry-After: {retry_after}");
     assert!(waited < Duration::from_secs(2), "refused only after {waited:?}");
-    assert_eq!(pool_health(&server, "cpu").await["queue_depth"], 0, "nothing queued for it");
+    assert_eq!(
+        pool_health(&server, "cpu").await["queue_depth"],
+        0,
+        "nothing queued for it"
+    );
 
     // Once the worker is back, requests are admitted again and answered as upstream does.
     kill(worker, Signal::SIGCONT).expect("SIGCONT");
@@ -349,7 +354,11 @@ async fn a_request_that_cannot_finish_before_its_timeout_is_refused_at_once_with
         }
         // The stalled forward's time moved the estimate; it is back within the timeout at once,
         // but allow the worker a moment.
-        assert!(start.elapsed() < Duration::from_secs(10), "never admitted again: {}", response.text());
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never admitted again: {}",
+            response.text()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_golden(answer, CASE);
@@ -394,7 +403,10 @@ async fn an_idle_pool_takes_over_a_job_queued_on_a_busy_one() {
     kill(short, Signal::SIGCONT).expect("SIGCONT");
     assert_eq!(first_short.await.expect("task").1["x_layad"]["pool"], "short");
     assert_eq!(long.await.expect("task").1["x_layad"]["pool"], "general");
-    let (short_pool, general_pool) = (pool_health(&server, "short").await, pool_health(&server, "general").await);
+    let (short_pool, general_pool) = (
+        pool_health(&server, "short").await,
+        pool_health(&server, "general").await,
+    );
     assert_eq!(short_pool["routed"]["taken_by_others"], 1, "{short_pool}");
     assert_eq!(general_pool["routed"]["taken_from_others"], 1, "{general_pool}");
     let metrics = get(server.addr, "/metrics").await.expect("metrics").text();

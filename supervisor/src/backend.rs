@@ -39,7 +39,10 @@ pub struct Job {
 impl Job {
     /// The job's class, for per-class queue waits.
     pub fn class(&self) -> JobClass {
-        JobClass::of(self.rows.len(), self.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0))
+        JobClass::of(
+            self.rows.len(),
+            self.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0),
+        )
     }
 }
 

@@ -14,9 +14,9 @@ use laya::routing::CheckpointName;
 use serde_json::{Value, json};
 
 use crate::backend::{Backend, BackendError, Job, JobOutput};
-use crate::status::JobClass;
 use crate::checkpoints::Checkpoints;
 use crate::live::LiveSettings;
+use crate::status::JobClass;
 
 /// Where the time of one decision went (the `Server-Timing` header and the histograms).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

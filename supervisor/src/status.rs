@@ -42,7 +42,10 @@ impl JobClass {
     pub fn of(questions: usize, longest: usize) -> Self {
         Self {
             multi: questions > 1,
-            band: Self::BANDS.iter().position(|&b| longest <= b).unwrap_or(Self::BANDS.len()),
+            band: Self::BANDS
+                .iter()
+                .position(|&b| longest <= b)
+                .unwrap_or(Self::BANDS.len()),
         }
     }
 
@@ -51,7 +54,11 @@ impl JobClass {
     pub fn name(self) -> &'static str {
         const SINGLE: [&str; 5] = ["single-64", "single-128", "single-256", "single-512", "single-longer"];
         const MULTI: [&str; 5] = ["multi-64", "multi-128", "multi-256", "multi-512", "multi-longer"];
-        if self.multi { MULTI[self.band] } else { SINGLE[self.band] }
+        if self.multi {
+            MULTI[self.band]
+        } else {
+            SINGLE[self.band]
+        }
     }
 }
 

@@ -217,7 +217,13 @@ impl Pool {
 
     /// How this pool would take a job of `shape` on `checkpoint`, answered by `deadline`, were it
     /// queued now in `policy`'s order.
-    pub fn view(&self, checkpoint: CheckpointName, shape: JobShape, policy: &QueuePolicy, deadline: Instant) -> PoolView {
+    pub fn view(
+        &self,
+        checkpoint: CheckpointName,
+        shape: JobShape,
+        policy: &QueuePolicy,
+        deadline: Instant,
+    ) -> PoolView {
         let state = self.lock();
         let capabilities = self.capabilities_of(&state);
         let holds = capabilities.holds(shape);
@@ -270,7 +276,13 @@ impl Pool {
 
     /// Queues a job the scheduler placed here by `route`, in `policy`'s order, or refuses it at once
     /// when the queue is full. The receiver gets the answer; dropping it withdraws the job.
-    pub fn enqueue(&self, job: Job, forward: ForwardShape, route: Route, policy: &QueuePolicy) -> Result<Answer, BackendError> {
+    pub fn enqueue(
+        &self,
+        job: Job,
+        forward: ForwardShape,
+        route: Route,
+        policy: &QueuePolicy,
+    ) -> Result<Answer, BackendError> {
         let receiver = self
             .lock()
             .push(job, forward, route, self.config.queue_capacity as usize, policy)?;

@@ -115,10 +115,7 @@ mod tests {
         let policy = shortest_first(10.0);
         let t0 = Instant::now();
         // 10 × 2 s would be 20 s, but the answer is due in 5 s: start by 3 s.
-        assert_eq!(
-            policy.priority(t0, 2000 * MS, t0 + 5000 * MS),
-            t0 + 3000 * MS
-        );
+        assert_eq!(policy.priority(t0, 2000 * MS, t0 + 5000 * MS), t0 + 3000 * MS);
         // Already too late: as urgent as it can be, never before it was queued.
         assert_eq!(policy.priority(t0, 2000 * MS, t0 + 1000 * MS), t0);
         let arrival = QueuePolicy {

@@ -79,7 +79,10 @@ mod tests {
         assert_eq!(summary[0].p50, Duration::from_millis(50));
         assert_eq!(summary[0].p99, Duration::from_millis(99));
         assert_eq!(summary[0].max, Duration::from_millis(100));
-        assert_eq!((summary[1].class.name(), summary[1].p99), ("multi-512", Duration::from_secs(2)));
+        assert_eq!(
+            (summary[1].class.name(), summary[1].p99),
+            ("multi-512", Duration::from_secs(2))
+        );
         // Old waits leave the window; the count keeps every job.
         for _ in 0..WINDOW {
             log.record(short, Duration::from_millis(3));

@@ -187,9 +187,9 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Durati
 /// The route and reason of a job an idle worker of `answer.pool` took from another pool's queue.
 fn taken_over_route(answer: &PoolAnswer) -> Option<(Route, String)> {
     let over = answer.taken_over.as_ref()?;
-    let there = over
-        .would_start
-        .map_or("no worker ready there".to_owned(), |start| format!("expected to start in {}", ms(start)));
+    let there = over.would_start.map_or("no worker ready there".to_owned(), |start| {
+        format!("expected to start in {}", ms(start))
+    });
     Some((
         Route::Spilled,
         format!(
@@ -240,9 +240,7 @@ impl Scheduler {
             let peers = pools
                 .iter()
                 .filter(|other| {
-                    spill
-                        && !Arc::ptr_eq(pool, other)
-                        && other.checkpoints().iter().any(|c| pool.serves(*c))
+                    spill && !Arc::ptr_eq(pool, other) && other.checkpoints().iter().any(|c| pool.serves(*c))
                 })
                 .map(Arc::downgrade)
                 .collect();
@@ -336,7 +334,6 @@ impl Backend for Scheduler {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests;

@@ -117,7 +117,8 @@ fn waits_json(waits: &[ClassWaits]) -> Value {
     let classes: Map<String, Value> = waits
         .iter()
         .map(|w| {
-            let summary = json!({"jobs": w.jobs, "recent": w.recent, "p50": ms(w.p50), "p99": ms(w.p99), "max": ms(w.max)});
+            let summary =
+                json!({"jobs": w.jobs, "recent": w.recent, "p50": ms(w.p50), "p99": ms(w.p99), "max": ms(w.max)});
             (w.class.name().to_owned(), summary)
         })
         .collect();

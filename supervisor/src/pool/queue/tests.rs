@@ -205,7 +205,11 @@ fn expected_starts_book_running_and_earlier_queued_work_on_the_first_free_worker
     assert_eq!(state.backlog(), Some(Duration::ZERO), "idle");
     // A forward expected to take an hour, just started, on worker 0; worker 1 is free.
     state.running.insert(0, (Instant::now(), Duration::from_secs(3600)));
-    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, &[30]), (ENGLISH, &[50])]);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[30]), (ENGLISH, &[50])],
+    );
     // Both queued jobs go to worker 1, one after the other.
     assert_eq!(state.backlog(), Some(80 * MS));
     let now = Instant::now();
@@ -217,11 +221,21 @@ fn expected_starts_book_running_and_earlier_queued_work_on_the_first_free_worker
 #[test]
 fn starting_a_batch_records_its_expected_time_and_the_waits_per_class() {
     let mut state = state(1.0, 1);
-    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, &[60]), (ENGLISH, &[64])]);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[60]), (ENGLISH, &[64])],
+    );
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
         .expect("batch");
-    assert_eq!(forward_of(&batch), ForwardShape { rows: 2, padded_len: 64 });
+    assert_eq!(
+        forward_of(&batch),
+        ForwardShape {
+            rows: 2,
+            padded_len: 64
+        }
+    );
     assert_eq!(state.running[&0].1, 128 * MS, "2 rows of 64 tokens at 1 ms each");
     let waits = state.waits.summary();
     assert_eq!((waits.len(), waits[0].class.name(), waits[0].jobs), (1, "single-64", 2));
@@ -259,7 +273,11 @@ fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
     assert_eq!(queued(&general_state), ["[384]"]);
     assert_eq!(general_state.taken, (0, 2));
     // Only one checkpoint served by the peer's worker: none of the others.
-    let _more = queue(&mut general_state, QueueOrder::Arrival, &[(CheckpointName::Multilingual, &[60])]);
+    let _more = queue(
+        &mut general_state,
+        QueueOrder::Arrival,
+        &[(CheckpointName::Multilingual, &[60])],
+    );
     assert!(
         general_state
             .take_for_peer("general", &[ENGLISH], &short_pool(), peer_ms)
@@ -387,7 +405,10 @@ fn aging_bounds_how_long_a_long_job_waits_behind_a_stream_of_short_ones() {
     };
     assert_eq!(long_job_under_a_stream_of_short_ones(&no_aging, horizon).0, None);
     let arrival = policy(QueueOrder::Arrival);
-    assert_eq!(long_job_under_a_stream_of_short_ones(&arrival, horizon).0, Some(30 * MS));
+    assert_eq!(
+        long_job_under_a_stream_of_short_ones(&arrival, horizon).0,
+        Some(30 * MS)
+    );
 }
 
 #[test]
@@ -419,6 +440,12 @@ fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
         .expect("a batch");
     // Shortest first, and the three of similar length share a forward; 120 tokens would triple it.
     assert_eq!(ids(&batch), ["[36]", "[40]", "[44]"]);
-    assert_eq!(forward_of(&batch), ForwardShape { rows: 3, padded_len: 44 });
+    assert_eq!(
+        forward_of(&batch),
+        ForwardShape {
+            rows: 3,
+            padded_len: 44
+        }
+    );
     assert_eq!(queued(&state), ["[120]"]);
 }

@@ -158,15 +158,24 @@ pub(crate) fn compare(args: CompareArgs) -> Result<(), String> {
     for label in &labels {
         let of_label: Vec<&Run> = runs.iter().filter(|r| &r.label == label).collect();
         for class in &classes {
-            let p50: Vec<f64> = of_label.iter().filter_map(|r| percentile(&r.latencies(class), 0.5)).collect();
-            let p99: Vec<f64> = of_label.iter().filter_map(|r| percentile(&r.latencies(class), 0.99)).collect();
+            let p50: Vec<f64> = of_label
+                .iter()
+                .filter_map(|r| percentile(&r.latencies(class), 0.5))
+                .collect();
+            let p99: Vec<f64> = of_label
+                .iter()
+                .filter_map(|r| percentile(&r.latencies(class), 0.99))
+                .collect();
             let max = of_label
                 .iter()
                 .filter_map(|r| percentile(&r.latencies(class), 1.0))
                 .fold(f64::NAN, f64::max);
             let n: usize = of_label.iter().map(|r| r.latencies(class).len()).sum();
             let range = |v: &[f64]| {
-                let (lo, hi) = (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+                let (lo, hi) = (
+                    v.iter().copied().fold(f64::INFINITY, f64::min),
+                    v.iter().copied().fold(0.0, f64::max),
+                );
                 format!("{} ({}–{})", f(median(v)), f(lo), f(hi))
             };
             out.push_str(&format!(
@@ -182,8 +191,10 @@ pub(crate) fn compare(args: CompareArgs) -> Result<(), String> {
                     .reduce(f64::max)
                     .map_or("-".to_owned(), |d| format!("{d:.1e}"))
             ));
-            json_configs.push(json!({"label": label, "class": class, "seeds": of_label.len(), "requests": n,
-                "p50_ms": p50, "p99_ms": p99, "max_ms": max}));
+            json_configs.push(
+                json!({"label": label, "class": class, "seeds": of_label.len(), "requests": n,
+                "p50_ms": p50, "p99_ms": p99, "max_ms": max}),
+            );
         }
     }
 
@@ -270,9 +281,11 @@ fn pair_report(
             gc / gb
         ));
         ratios.push(c99 / b99);
-        rows.push(json!({"seed": s.seed, "n": c.len(), "baseline_p99_ms": b99, "candidate_p99_ms": c99,
+        rows.push(
+            json!({"seed": s.seed, "n": c.len(), "baseline_p99_ms": b99, "candidate_p99_ms": c99,
             "ratio": c99 / b99, "ratio_interval": [lo, hi], "candidate_p50_ms": c50, "p99_over_p50": c99 / c50,
-            "guard_baseline_p99_ms": gb, "guard_candidate_p99_ms": gc, "guard_ratio": gc / gb, "errors": errors}));
+            "guard_baseline_p99_ms": gb, "guard_candidate_p99_ms": gc, "guard_ratio": gc / gb, "errors": errors}),
+        );
     }
     // The median over seeds, resampled two ways: each seed's requests only (the seeds as run), and
     // the seeds as well as their requests (how much another set of seeds could differ).
@@ -349,7 +362,11 @@ fn svg(runs: &[Run], labels: &[String], classes: &[&str], title: &str) -> String
     let values = stats.iter().flat_map(|s| [s.2, s.3]).filter(|v| *v > 0.0);
     let lo = 10f64.powf(values.clone().fold(f64::INFINITY, f64::min).log10().floor());
     let hi = 10f64.powf(values.fold(0.0, f64::max).log10().ceil());
-    let (lo, hi) = if lo.is_finite() && hi > lo { (lo, hi) } else { (1.0, 1000.0) };
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo, hi)
+    } else {
+        (1.0, 1000.0)
+    };
     let (width, left, top, plot_h) = (980.0, 70.0, 60.0 + 20.0 * labels.len() as f64, 300.0);
     let height = top + plot_h + 60.0;
     let panel_w = (width - left - 20.0) / classes.len() as f64;
