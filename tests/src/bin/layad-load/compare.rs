@@ -216,7 +216,9 @@ pub(crate) fn compare(args: CompareArgs) -> Result<(), String> {
         }
         if seeds.is_empty() {
             // A configuration left out of this batch of runs: say so and read the other pairs.
-            out.push_str(&format!("\n**{candidate}** against **{baseline}**: no seed has runs labelled both ways\n"));
+            out.push_str(&format!(
+                "\n**{candidate}** against **{baseline}**: no seed has runs labelled both ways\n"
+            ));
             eprintln!("--pair {pair:?}: no seed has runs labelled both ways; skipped");
             continue;
         }
