@@ -1,6 +1,8 @@
 //! Heterogeneous pools with real workers: shape routing with its recorded reason, spill from a
-//! saturated short pool, dynamic batching that does not change answers, and live reloads that add
-//! and remove workers under load or refuse a broken file.
+//! saturated short pool, an idle pool taking over a job queued on a busy one, admission by deadline
+//! (503 with Retry-After at once, not a timeout), shortest-first order
+//! inside a pool (and arrival order when configured), dynamic batching that does not change answers,
+//! and live reloads that add and remove workers under load or refuse a broken file.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -179,6 +181,238 @@ async fn a_saturated_short_pool_spills_and_nothing_lands_where_it_does_not_fit()
     assert!(
         health["pools"][0]["routed"]["spilled_in"].as_u64() >= Some(1),
         "{health}"
+    );
+}
+
+/// The pool `name` in `/health`.
+async fn pool_health(server: &Server, name: &str) -> Value {
+    let health = health(server).await;
+    let pools = health["pools"].as_array().expect("pools");
+    pools.iter().find(|p| p["name"] == name).expect("pool").clone()
+}
+
+/// Waits until `/health` says pool `name` has `key` (`queue_depth`, `in_flight`) at `value`.
+async fn wait_for_pool(server: &Server, name: &str, key: &str, value: u64) {
+    let start = Instant::now();
+    while pool_health(server, name).await[key].as_u64() != Some(value) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{name}.{key} never reached {value}: {}",
+            pool_health(server, name).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends `body` in its own task; the task answers with the moment the answer arrived and the answer.
+fn send_timed(server: &Arc<Server>, body: String) -> tokio::task::JoinHandle<(Instant, Value)> {
+    let server = Arc::clone(server);
+    tokio::spawn(async move {
+        let answer = decide(&server, &body).await;
+        (Instant::now(), answer)
+    })
+}
+
+/// The golden case `name`'s upstream answer.
+fn golden_answer(name: &str) -> Value {
+    let cases = fixture_json("goldens/cases.json");
+    let case = cases["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == name)
+        .expect("case")
+        .clone();
+    serde_json::from_str(case["response"].as_str().expect("response")).expect("golden JSON")
+}
+
+/// `answer` without its `x_layad` block agrees with the golden case `name` (within 1e-4).
+fn assert_golden(mut answer: Value, name: &str) {
+    answer.as_object_mut().and_then(|o| o.remove("x_layad"));
+    let problems = json_differences(&answer, &golden_answer(name));
+    assert!(problems.is_empty(), "{name}: {problems:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_request_queued_behind_long_ones_is_answered_first_unless_order_is_arrival() {
+    // Twelve questions of up to 73 tokens, and one question of 37 tokens. With `max_rows = 12`
+    // every job runs in a forward of its own, so the queue's order is the order of the answers
+    // (give or take the one answered just before or after the short one: answers race to the client).
+    const LONG: &str = "multi_twelve_questions_mixed";
+    const SHORT: &str = "choice_one_option_list";
+    const QUEUED: usize = 12;
+    for order in ["shortest-first", "arrival"] {
+        // Aging 100: a long job keeps its place against later short ones only after waiting 100
+        // times its own estimate (tens of seconds here), far longer than this test takes to queue
+        // them. (Not more: a priority is never later than the deadline minus the estimate, and at
+        // 1000 the 60 s timeout would cap every job's priority and give back arrival order.)
+        let config = format!(
+            "[server]\nrequest_timeout = \"60s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\nmax_rows = 12\n\n[scheduling]\norder = \"{order}\"\naging = 100\n"
+        );
+        let server = Arc::new(start_all_ready(&config).await);
+        let worker = Pid::from_raw(worker_pid(&server, "cpu").await);
+        kill(worker, Signal::SIGSTOP).expect("SIGSTOP");
+        // The first long job is on the frozen worker; more queue behind it, then a short one.
+        let running = send_timed(&server, golden_body(LONG));
+        wait_for_pool(&server, "cpu", "in_flight", 1).await;
+        let queued: Vec<_> = (0..QUEUED).map(|_| send_timed(&server, golden_body(LONG))).collect();
+        wait_for_pool(&server, "cpu", "queue_depth", QUEUED as u64).await;
+        let short = send_timed(&server, golden_body(SHORT));
+        wait_for_pool(&server, "cpu", "queue_depth", QUEUED as u64 + 1).await;
+        kill(worker, Signal::SIGCONT).expect("SIGCONT");
+
+        let (short_at, short_answer) = short.await.expect("task");
+        assert_golden(short_answer, SHORT);
+        let (_, first) = running.await.expect("task");
+        assert_golden(first, LONG);
+        let mut answered_before_short = 0;
+        for long in queued {
+            let (long_at, answer) = long.await.expect("task");
+            answered_before_short += usize::from(long_at < short_at);
+            assert_golden(answer, LONG);
+        }
+        match order {
+            "shortest-first" => assert!(
+                answered_before_short <= 1,
+                "{answered_before_short} long jobs queued before the short one were answered first"
+            ),
+            _ => assert!(
+                answered_before_short >= QUEUED - 1,
+                "arrival order: only {answered_before_short} of {QUEUED} long jobs went first"
+            ),
+        }
+        let waits = &pool_health(&server, "cpu").await["queue_wait_ms"];
+        assert_eq!(waits["multi-128"]["jobs"], QUEUED + 1, "{waits}");
+        assert_eq!(waits["single-64"]["jobs"], 1, "{waits}");
+        let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+        assert!(
+            metrics.contains(r#"layad_queue_wait_seconds_count{pool="cpu",class="single-64"} 1"#),
+            "{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_finish_before_its_timeout_is_refused_at_once_with_retry_after() {
+    const CASE: &str = "choice_one_option_list";
+    let config =
+        "[server]\nrequest_timeout = \"2s\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = 1\n";
+    let server = Arc::new(start_all_ready(config).await);
+    let post = |server: &Arc<Server>| {
+        let server = Arc::clone(server);
+        tokio::spawn(async move {
+            post_json(server.addr, "/v1/systemone", golden_body(CASE).as_bytes())
+                .await
+                .expect("post")
+        })
+    };
+    assert_golden(decide(&server, &golden_body(CASE)).await, CASE);
+
+    // A job on a frozen worker overruns its estimate (tens of milliseconds) and then its own 2 s
+    // deadline: that one times out, as before.
+    let worker = Pid::from_raw(worker_pid(&server, "cpu").await);
+    kill(worker, Signal::SIGSTOP).expect("SIGSTOP");
+    let stuck = post(&server);
+    wait_for_pool(&server, "cpu", "in_flight", 1).await;
+    let timed_out = stuck.await.expect("task");
+    assert_eq!(timed_out.status, 503, "{}", timed_out.text());
+    assert!(timed_out.detail().contains("timed out"), "{}", timed_out.text());
+
+    // The worker is now seconds past its estimate and expected to stay busy as long again: a new
+    // request could not finish within its 2 s, so it is refused at once instead of timing out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = Instant::now();
+    let refused = post(&server).await.expect("task");
+    let waited = asked.elapsed();
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.detail().contains("would finish in about") && refused.detail().contains("after its timeout"),
+        "{}",
+        refused.text()
+    );
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=60).contains(&retry_after), "Retry-After: {retry_after}");
+    assert!(waited < Duration::from_secs(2), "refused only after {waited:?}");
+    assert_eq!(
+        pool_health(&server, "cpu").await["queue_depth"],
+        0,
+        "nothing queued for it"
+    );
+
+    // Once the worker is back, requests are admitted again and answered as upstream does.
+    kill(worker, Signal::SIGCONT).expect("SIGCONT");
+    wait_for_pool(&server, "cpu", "in_flight", 0).await;
+    let start = Instant::now();
+    let answer = loop {
+        let response = post(&server).await.expect("task");
+        if response.status == 200 {
+            break response.json();
+        }
+        // The stalled forward's time moved the estimate; it is back within the timeout at once,
+        // but allow the worker a moment.
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never admitted again: {}",
+            response.text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_golden(answer, CASE);
+    let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+    assert!(metrics.contains("status=\"503\""), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_takes_over_a_job_queued_on_a_busy_one() {
+    let server = Arc::new(start_all_ready(SHORT_AND_GENERAL).await);
+    let general = Pid::from_raw(worker_pid(&server, "general").await);
+    let short = Pid::from_raw(worker_pid(&server, "short").await);
+    kill(general, Signal::SIGSTOP).expect("SIGSTOP");
+    kill(short, Signal::SIGSTOP).expect("SIGSTOP");
+    // Both workers hold a job they cannot finish, the general one for longer: a short request is
+    // then expected to finish sooner on the short pool and queues there.
+    let long = send_timed(&server, noul(30));
+    wait_for_pool(&server, "general", "in_flight", 1).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let first_short = send_timed(&server, noul(2));
+    wait_for_pool(&server, "short", "in_flight", 1).await;
+    let queued_short = send_timed(&server, noul(3));
+    wait_for_pool(&server, "short", "queue_depth", 1).await;
+    // The general worker finishes its job, finds nothing in its own queue and takes the one
+    // waiting behind the stalled short worker.
+    kill(general, Signal::SIGCONT).expect("SIGCONT");
+    let (_, answer) = tokio::time::timeout(Duration::from_secs(30), queued_short)
+        .await
+        .expect("answered while the short worker is still stopped")
+        .expect("task");
+    let block = &answer["x_layad"];
+    assert_eq!(
+        (block["pool"].as_str(), block["route"].as_str()),
+        (Some("general"), Some("spilled")),
+        "{block}"
+    );
+    let reason = block["reason"].as_str().expect("reason");
+    assert!(
+        reason.starts_with("taken over from 'short' (expected to start in ") && reason.contains("by 'general'"),
+        "{reason}"
+    );
+    kill(short, Signal::SIGCONT).expect("SIGCONT");
+    assert_eq!(first_short.await.expect("task").1["x_layad"]["pool"], "short");
+    assert_eq!(long.await.expect("task").1["x_layad"]["pool"], "general");
+    let (short_pool, general_pool) = (
+        pool_health(&server, "short").await,
+        pool_health(&server, "general").await,
+    );
+    assert_eq!(short_pool["routed"]["taken_by_others"], 1, "{short_pool}");
+    assert_eq!(general_pool["routed"]["taken_from_others"], 1, "{general_pool}");
+    let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
+    assert!(
+        metrics.contains(r#"layad_taken_over_total{pool="general",direction="in"} 1"#),
+        "{metrics}"
     );
 }
 
@@ -370,7 +604,10 @@ async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_br
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         ok.load(Ordering::Relaxed) > served_before,
-        "still serving with one worker"
+        "still serving with one worker: {} failed; {}\n{}",
+        failed.load(Ordering::Relaxed),
+        health(&server).await,
+        server.log()
     );
 
     // Any other change replaces the pool: the new one warms up while the old one serves.

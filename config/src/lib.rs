@@ -20,5 +20,5 @@ pub use error::{ConfigError, Problem};
 pub use load::{Flags, Sources, ignored_upstream_variables};
 pub use schema::{
     AneExecutor, ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, LogFormat, LoggingConfig,
-    PoolConfig, SchedulingConfig, ServerConfig, WorkerKind, WorkersConfig,
+    PoolConfig, QueueOrder, SchedulingConfig, ServerConfig, WorkerKind, WorkersConfig,
 };

@@ -495,6 +495,14 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
         }
     }
 
+    let aging = config.scheduling.aging;
+    if !(1.0..=1000.0).contains(&aging) {
+        report(
+            &["scheduling", "aging"],
+            format!("{aging}: give a multiple of a request's own service estimate from 1 to 1000"),
+        );
+    }
+
     let workers = &config.workers;
     if workers.restart_backoff_initial.is_zero() {
         report(&["workers", "restart_backoff_initial"], "must be longer than 0s".into());

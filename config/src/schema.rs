@@ -362,18 +362,59 @@ impl AneExecutor {
     }
 }
 
-/// `[scheduling]`: how requests are spread over the pools.
+/// `[scheduling]`: how requests are spread over the pools and ordered inside each.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulingConfig {
     /// Move a request from its preferred pool to another pool that can hold it when it would
-    /// finish strictly earlier there (backlog plus service estimate).
+    /// finish strictly earlier there (expected start from its queue position, plus its service
+    /// estimate), and let an idle pool take such a request from another pool's queue.
     pub spill: bool,
+    /// The order a pool serves its queue in.
+    #[serde(default)]
+    pub order: QueueOrder,
+    /// With `order = "shortest-first"`: a queued request is passed by later, shorter ones only
+    /// until it has waited this many times its own service estimate.
+    #[serde(default = "SchedulingConfig::default_aging")]
+    pub aging: f64,
+}
+
+impl SchedulingConfig {
+    fn default_aging() -> f64 {
+        10.0
+    }
 }
 
 impl Default for SchedulingConfig {
     fn default() -> Self {
-        Self { spill: true }
+        Self {
+            spill: true,
+            order: QueueOrder::default(),
+            aging: Self::default_aging(),
+        }
+    }
+}
+
+/// The order a pool serves its queue in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueOrder {
+    /// Shortest expected service first, each request by `enqueued + aging × its estimate` (earlier
+    /// first), or earlier when its deadline needs it: short requests pass long ones, but never a
+    /// long one that has already waited `aging` times its own estimate.
+    #[default]
+    ShortestFirst,
+    /// First come, first served.
+    Arrival,
+}
+
+impl QueueOrder {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueOrder::ShortestFirst => "shortest-first",
+            QueueOrder::Arrival => "arrival",
+        }
     }
 }
 

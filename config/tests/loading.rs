@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use laya::routing::CheckpointName;
 use layad_config::{
-    AneExecutor, CheckpointSource, Config, ConfigError, Device, Dtype, Flags, LogFormat, PoolConfig, Problem, Sources,
-    WorkerKind, ignored_upstream_variables,
+    AneExecutor, CheckpointSource, Config, ConfigError, Device, Dtype, Flags, LogFormat, PoolConfig, Problem,
+    QueueOrder, Sources, WorkerKind, ignored_upstream_variables,
 };
 
 fn examples_dir() -> PathBuf {
@@ -534,4 +534,24 @@ fn routing_limits_and_buckets_are_checked() {
     assert_eq!(config.pools[0].buckets, [64, 96, 128]);
     assert_eq!(config.pools[0].batch_wait, std::time::Duration::from_millis(2));
     assert!(!config.scheduling.spill);
+}
+
+#[test]
+fn queue_order_and_aging_are_read_and_checked() {
+    let defaults = load(None, &[]).expect("defaults");
+    assert_eq!(defaults.scheduling.order, QueueOrder::ShortestFirst);
+    assert_eq!(defaults.scheduling.aging, 10.0);
+    let file = ConfigFile::new("[scheduling]\norder = \"arrival\"\naging = 4\n");
+    let config = load(Some(&file), &[]).expect("valid");
+    assert_eq!(
+        (config.scheduling.order, config.scheduling.aging),
+        (QueueOrder::Arrival, 4.0)
+    );
+    let problem = only_problem(load(None, &[("LAYAD_SCHEDULING__ORDER", "random")]));
+    assert_eq!(problem.key, "scheduling.order");
+    assert!(problem.message.contains("shortest-first"), "{problem}");
+    let file = ConfigFile::new("[scheduling]\naging = 0.5\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert_eq!(problem.key, "scheduling.aging");
+    assert!(problem.message.contains("from 1 to 1000"), "{problem}");
 }

@@ -2,14 +2,14 @@
 //! it takes, what it answers and why it may not. The scheduler implements it; tests implement it
 //! with recorded answers. What `status()` returns is in [`crate::status`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use laya::decision::RowOutput;
 use laya::prompt::Row;
 use laya::routing::CheckpointName;
 
-use crate::status::BackendStatus;
+use crate::status::{BackendStatus, JobClass};
 
 /// Runs prompt rows on a worker and reports on the workers. Object-safe: the server holds an
 /// `Arc<dyn Backend>`.
@@ -32,6 +32,18 @@ pub struct Job {
     pub checkpoint: CheckpointName,
     /// One row per question, in request order (never empty).
     pub rows: Vec<Row>,
+    /// When the request stops waiting for the answer (`server.request_timeout` after it began).
+    pub deadline: Instant,
+}
+
+impl Job {
+    /// The job's class, for per-class queue waits.
+    pub fn class(&self) -> JobClass {
+        JobClass::of(
+            self.rows.len(),
+            self.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0),
+        )
+    }
 }
 
 /// What a pool answered for a job: the outputs, and where and how they were computed.
@@ -51,6 +63,19 @@ pub struct PoolAnswer {
     pub device_time: Duration,
     /// Rows in that forward pass: more than the job's own when it shared the pass with others.
     pub batch_rows: usize,
+    /// Set when an idle worker of this pool took the job from the queue of the pool it was placed
+    /// in.
+    pub taken_over: Option<TakenOver>,
+}
+
+/// A job an idle worker took from another pool's queue, where it would have finished later.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TakenOver {
+    /// The pool whose queue it was in.
+    pub from: String,
+    /// When it was then expected to start there, from the moment it was taken (`None`: no worker
+    /// there was ready).
+    pub would_start: Option<Duration>,
 }
 
 /// What the backend answers for a job: the pool's answer, and how and why the scheduler chose that
@@ -99,6 +124,15 @@ pub enum BackendError {
     /// The deadline passed before a worker answered (503).
     #[error("the deadline passed before a worker answered")]
     DeadlineExpired,
+    /// No pool the job may go to is expected to finish it before its deadline: refused at once
+    /// (503 with `Retry-After`) rather than left to time out.
+    #[error("expected to finish in {expected:?}, {late:?} after the request's deadline")]
+    TooLate {
+        /// When it would finish at best, from now.
+        expected: Duration,
+        /// By how much that misses the deadline: how much the backlog must shrink first.
+        late: Duration,
+    },
     /// No ready worker serves the checkpoint right now (503).
     #[error("no ready worker serves checkpoint '{}'", .0.as_str())]
     CheckpointUnavailable(CheckpointName),

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use crate::backend::{Backend, BackendError, Job, JobOutput};
 use crate::checkpoints::Checkpoints;
 use crate::live::LiveSettings;
+use crate::status::JobClass;
 
 /// Where the time of one decision went (the `Server-Timing` header and the histograms).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -26,6 +27,8 @@ pub struct Timings {
     pub queue: Option<Duration>,
     /// The worker's forward pass.
     pub device: Option<Duration>,
+    /// The job's class (question count and length band): the queue wait is recorded under it.
+    pub class: Option<JobClass>,
 }
 
 /// Why a decision produced no answer.
@@ -144,7 +147,9 @@ impl Decisions {
                 request_id: request_id.to_owned(),
                 checkpoint: prepared.checkpoint(),
                 rows: prepared.rows.clone(),
+                deadline,
             };
+            outcome.timings.class = Some(job.class());
             // The one deadline of a request: when it passes, dropping the run withdraws the job from
             // whatever queue holds it.
             let run = self.backend.run(job);

@@ -20,7 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::backend::Backend;
 use crate::decisions::Timings;
-use crate::status::WorkerState;
+use crate::status::{JobClass, WorkerState};
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -48,13 +48,20 @@ struct PoolLabel {
     pool: String,
 }
 
+/// `pool` and `class` labels (the job's class: question count and length band).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolClassLabels {
+    pool: String,
+    class: String,
+}
+
 /// Every metric layad exports.
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     request_duration: Family<CheckpointLabel, Histogram>,
     prepare_duration: Histogram,
-    queue_wait: Family<PoolLabel, Histogram>,
+    queue_wait: Family<PoolClassLabels, Histogram>,
     device_duration: Family<PoolLabel, Histogram>,
 }
 
@@ -88,10 +95,10 @@ impl Metrics {
             Unit::Seconds,
             prepare_duration.clone(),
         );
-        let queue_wait = Family::<PoolLabel, Histogram>::new_with_constructor(latency_buckets as fn() -> _);
+        let queue_wait = Family::<PoolClassLabels, Histogram>::new_with_constructor(latency_buckets as fn() -> _);
         registry.register_with_unit(
             "layad_queue_wait",
-            "Time a job waited for a worker",
+            "Time a job waited for a worker, by pool and job class (single-64: one question of at most 64 tokens, …)",
             Unit::Seconds,
             queue_wait.clone(),
         );
@@ -137,10 +144,14 @@ impl Metrics {
         if let Some(prepare) = timings.prepare {
             self.prepare_duration.observe(prepare.as_secs_f64());
         }
-        let label = PoolLabel { pool };
         if let Some(queue) = timings.queue {
-            self.queue_wait.get_or_create(&label).observe(queue.as_secs_f64());
+            let labels = PoolClassLabels {
+                pool: pool.clone(),
+                class: timings.class.map_or("", JobClass::name).to_owned(),
+            };
+            self.queue_wait.get_or_create(&labels).observe(queue.as_secs_f64());
         }
+        let label = PoolLabel { pool };
         if let Some(device) = timings.device {
             self.device_duration.get_or_create(&label).observe(device.as_secs_f64());
         }
@@ -310,6 +321,20 @@ impl Collector for BackendCollector {
             for pool in pools {
                 let labels = [("pool", pool.name.as_str())];
                 ConstCounter::new(pool.spilled_out).encode(spilled_out.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut taken = encoder.encode_descriptor(
+                "layad_taken_over",
+                "Jobs an idle worker took from another pool's queue: direction in (taken by this pool), out (taken from it)",
+                None,
+                counter_type,
+            )?;
+            for pool in pools {
+                for (direction, count) in [("in", pool.taken.0), ("out", pool.taken.1)] {
+                    let labels = [("pool", pool.name.as_str()), ("direction", direction)];
+                    ConstCounter::new(count).encode(taken.encode_family(&labels)?)?;
+                }
             }
         }
         let mut batches = encoder.encode_descriptor(

@@ -1,11 +1,11 @@
 //! Live reconfiguration: SIGHUP re-reads the configuration from the sources it was started with
-//! and applies what can change while serving (pools, spilling, the diagnostics block).
+//! and applies what can change while serving (pools, `[scheduling]`, the diagnostics block).
 //!
 //! [`plan`] works out what a reload does from the running and the new configuration alone, so each
 //! rule is tested without processes; [`reload`] loads, plans, applies and records the outcome in
 //! [`LiveSettings`], which `/health` and answers read. A configuration with errors changes nothing.
 
-use layad_config::{Config, ConfigError, PoolConfig, Sources};
+use layad_config::{Config, ConfigError, PoolConfig, SchedulingConfig, Sources};
 
 use crate::live::LiveSettings;
 use crate::process::{PoolChange, Workers};
@@ -15,8 +15,8 @@ use crate::process::{PoolChange, Workers};
 pub struct ReloadPlan {
     /// One entry per pool of the new configuration, in its order, then the pools it no longer has.
     pub pools: Vec<PoolChange>,
-    /// The new `scheduling.spill`, when it changed.
-    pub spill: Option<bool>,
+    /// The `[scheduling]` keys that changed, as `key = new value`.
+    pub scheduling: Vec<String>,
     /// The new `server.diagnostics`, when it changed.
     pub diagnostics: Option<bool>,
     /// Sections that changed but take effect only after a restart.
@@ -28,9 +28,7 @@ impl ReloadPlan {
     /// `layad reload`.
     pub fn changes(&self) -> Vec<String> {
         let mut changes: Vec<String> = self.pools.iter().filter_map(PoolChange::describe).collect();
-        if let Some(spill) = self.spill {
-            changes.push(format!("scheduling.spill = {spill}"));
-        }
+        changes.extend(self.scheduling.iter().cloned());
         if let Some(diagnostics) = self.diagnostics {
             changes.push(format!("server.diagnostics = {diagnostics}"));
         }
@@ -90,10 +88,25 @@ pub fn plan(running: &Config, loaded: &Config) -> Result<ReloadPlan, String> {
     }
     Ok(ReloadPlan {
         pools,
-        spill: (loaded.scheduling != running.scheduling).then_some(loaded.scheduling.spill),
+        scheduling: scheduling_changes(&running.scheduling, &loaded.scheduling),
         diagnostics: (loaded.server.diagnostics != running.server.diagnostics).then_some(loaded.server.diagnostics),
         needs_restart: needs_restart(running, loaded),
     })
+}
+
+/// `scheduling.<key> = <new value>` for each key of `[scheduling]` that differs.
+fn scheduling_changes(running: &SchedulingConfig, loaded: &SchedulingConfig) -> Vec<String> {
+    let mut changes = Vec::new();
+    if loaded.spill != running.spill {
+        changes.push(format!("scheduling.spill = {}", loaded.spill));
+    }
+    if loaded.order != running.order {
+        changes.push(format!("scheduling.order = {}", loaded.order.as_str()));
+    }
+    if loaded.aging != running.aging {
+        changes.push(format!("scheduling.aging = {}", loaded.aging));
+    }
+    changes
 }
 
 /// Keys a reload cannot apply, compared section by section: a change there is reported, not applied.
@@ -240,15 +253,17 @@ mod tests {
         let running = Config::default();
         let mut loaded = Config::default();
         loaded.scheduling.spill = false;
+        loaded.scheduling.order = layad_config::QueueOrder::Arrival;
         loaded.server.diagnostics = false;
         loaded.server.max_connections = 7;
         loaded.workers.stop_timeout = std::time::Duration::from_secs(1);
         let plan = plan(&running, &loaded).expect("plan");
-        assert_eq!((plan.spill, plan.diagnostics), (Some(false), Some(false)));
+        assert_eq!(plan.diagnostics, Some(false));
         assert_eq!(
             plan.changes(),
             [
                 "scheduling.spill = false",
+                "scheduling.order = arrival",
                 "server.diagnostics = false",
                 "[server] (other than diagnostics) changed: needs a restart",
                 "[workers] changed: needs a restart"

@@ -24,6 +24,44 @@ impl BackendStatus {
     }
 }
 
+/// A coarse class of job shapes, for reporting queue waits per class in `/health` and `/metrics`:
+/// one question or several, and the longest row's length band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobClass {
+    /// More than one question.
+    pub multi: bool,
+    /// Index into [`JobClass::BANDS`]; one past the end for longer rows.
+    band: usize,
+}
+
+impl JobClass {
+    /// Upper ends of the length bands, in tokens.
+    pub const BANDS: [usize; 4] = [64, 128, 256, 512];
+
+    /// The class of a job of `questions` questions whose longest row has `longest` tokens.
+    pub fn of(questions: usize, longest: usize) -> Self {
+        Self {
+            multi: questions > 1,
+            band: Self::BANDS
+                .iter()
+                .position(|&b| longest <= b)
+                .unwrap_or(Self::BANDS.len()),
+        }
+    }
+
+    /// The name in `/health` and `/metrics`: `single-64` (one question, rows of at most 64 tokens),
+    /// `single-128` (65–128), `single-256`, `single-512`, `single-longer`, and `multi-…` likewise.
+    pub fn name(self) -> &'static str {
+        const SINGLE: [&str; 5] = ["single-64", "single-128", "single-256", "single-512", "single-longer"];
+        const MULTI: [&str; 5] = ["multi-64", "multi-128", "multi-256", "multi-512", "multi-longer"];
+        if self.multi {
+            MULTI[self.band]
+        } else {
+            SINGLE[self.band]
+        }
+    }
+}
+
 /// One pool: identical workers on one device sharing a queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolStatus {
@@ -57,8 +95,31 @@ pub struct PoolStatus {
     pub spilled_out: u64,
     /// Forward passes that carried more than one job, and the jobs they carried.
     pub batches: (u64, u64),
+    /// Jobs this pool's idle workers took from other pools' queues, and jobs other pools took
+    /// from this pool's queue.
+    pub taken: (u64, u64),
+    /// How long jobs waited for a worker here, per job class (classes seen so far).
+    pub waits: Vec<ClassWaits>,
     /// The pool's workers.
     pub workers: Vec<WorkerStatus>,
+}
+
+/// Queue waits of one job class on one pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassWaits {
+    /// The class.
+    pub class: JobClass,
+    /// Jobs of the class a worker started here, ever.
+    pub jobs: u64,
+    /// Over the most recent jobs of the class (up to a window): how many, and their median, 99th
+    /// percentile and longest wait.
+    pub recent: usize,
+    /// Median wait of the recent jobs.
+    pub p50: Duration,
+    /// 99th-percentile wait of the recent jobs (nearest rank).
+    pub p99: Duration,
+    /// Longest wait of the recent jobs.
+    pub max: Duration,
 }
 
 /// One worker process.
@@ -225,6 +286,8 @@ mod tests {
                 routed: RouteCounts::default(),
                 spilled_out: 0,
                 batches: (0, 0),
+                taken: (0, 0),
+                waits: Vec::new(),
                 workers,
             }],
         }

@@ -357,10 +357,16 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "backlog_ms",
             "routed",
             "batches",
+            "queue_wait_ms",
             "workers"
         ]
     );
     assert_eq!(pool["backlog_ms"], 3.0);
+    assert_eq!(pool["routed"]["taken_from_others"], 2);
+    assert_eq!(
+        pool["queue_wait_ms"],
+        serde_json::json!({"single-64": {"jobs": 5, "recent": 5, "p50": 1.5, "p99": 12.0, "max": 12.0}})
+    );
     assert_eq!(pool["takes"]["max_questions"], 64);
     assert_eq!(
         (pool["queue_depth"].as_u64(), pool["in_flight"].as_u64()),
@@ -422,7 +428,8 @@ async fn metrics_count_requests_and_read_the_pools() {
         "layad_requests_total{status=\"400\",checkpoint=\"\",pool=\"\"} 1",
         "layad_request_duration_seconds_count{checkpoint=\"english\"} 1",
         "layad_prepare_duration_seconds_count 2",
-        "layad_queue_wait_seconds_count{pool=\"gpu\"} 1",
+        "layad_queue_wait_seconds_count{pool=\"gpu\",class=\"multi-128\"} 1",
+        "layad_taken_over_total{pool=\"gpu\",direction=\"in\"} 2",
         "layad_device_duration_seconds_count{pool=\"gpu\"} 1",
         "layad_queue_depth{pool=\"gpu\"} 3",
         "layad_in_flight{pool=\"gpu\"} 1",

@@ -1,33 +1,65 @@
 #!/usr/bin/env bash
-# Scheduling benchmark (issue "heterogeneous pools"), end to end on this machine: one general pool
-# vs a short pool + general pool with and without spill, under open-loop Poisson and bursty load.
+# Scheduling benchmarks, end to end on this machine, open loop (tools: layad-load run / compare).
+#
+#   EXPERIMENT=split         one general pool of two workers vs the same two cores split into a short
+#                            pool + a general pool, with and without spill (issue "heterogeneous pools")
+#   EXPERIMENT=added-device  one general pool of one worker (a) vs the same plus a short pool on a
+#                            second core (b), each in shortest-first and in arrival order (issue 16)
 #
 # Steps: release build; a random-weight checkpoint from layad-bench (also timing one forward on one
-# thread) behind a fake Hugging Face cache; per configuration in config/examples/bench-*.toml:
-# start `layad serve`, wait until every worker is ready, (first configuration only) measure closed-loop capacity,
-# run `layad-load run` at LOAD_FRACTION of it for both arrival patterns with one seed, stop the
-# server; then plot. Every configuration gets identical requests, judged against one reference
-# (bodies and answers saved by the first layad-load call in $OUT/reference.json).
+# thread) behind a fake Hugging Face cache; then per seed, per configuration in
+# config/examples/bench-*.toml (in alternating order from seed to seed: A B C D, D C B A, ...):
+# start `layad serve`, wait until every worker is ready, (first run only) measure closed-loop capacity
+# and fix the offered load at LOAD_FRACTION of it (saved in $OUT/rate, reused by later calls with the
+# same OUT), run `layad-load run` for each arrival pattern, stop the server. Every configuration of a
+# seed gets identical requests, judged against one reference ($OUT/reference-<seed>.json, answered
+# by the first server of that seed). Finally `layad-load compare` over every result in $OUT.
 #
-# Results: $OUT/*.json (default target/bench/scheduling), $OUT/table.md, $PLOT (docs/scheduling.svg).
-# Knobs (environment): RUN_SECONDS, CAPACITY_SECONDS, CLIENTS, SEED, LOAD_FRACTION, RATE (skip the
-# capacity run), PORT, CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS,
-# SKIP_BUILD=1, BIN, OUT, PLOT.
+# Run it in sections under the benchmark lock, one or two seeds at a time, e.g.
+#   flock -x /work/cpu.lock env EXPERIMENT=added-device SEEDS=11 tools/bench/scheduling.sh
+# then SEEDS=12, ...; each call adds its runs to $OUT and recomputes the comparison over all of them.
+#
+# Results: $OUT/*.json, $OUT/runs.log (commit, time, load average per run), $OUT/compare.md and
+# compare.json, $PLOT. Knobs (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long
+# enough for about 600 short requests per run), CAPACITY_SECONDS, CLIENTS, LOAD_FRACTION, RATE (skip
+# the capacity run), PORT, CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS,
+# SKIP_BUILD=1, SKIP_RUNS=1 (only compare), BIN, OUT, PLOT.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-target/bench/scheduling}
-PLOT=${PLOT:-docs/scheduling.svg}
-RUN_SECONDS=${RUN_SECONDS:-120}
+EXPERIMENT=${EXPERIMENT:-split}
+case $EXPERIMENT in
+    split)
+        CONFIGS=${CONFIGS:-general short-spill short-nospill}
+        ARRIVALS=${ARRIVALS:-poisson bursty}
+        SEEDS=${SEEDS:-1}
+        PLOT=${PLOT:-docs/scheduling.svg}
+        PAIRS=("short 1x1 + general 1x1, spill vs general 2x1")
+        ;;
+    added-device)
+        CONFIGS=${CONFIGS:-one-general added-short one-general-arrival added-short-arrival}
+        ARRIVALS=${ARRIVALS:-bursty}
+        SEEDS=${SEEDS:-11 12 13 14 15}
+        PLOT=${PLOT:-docs/scheduling-added-device.svg}
+        PAIRS=(
+            "(b) general 1x1 + short 1x1 vs (a) general 1x1"
+            "(b) general 1x1 + short 1x1 vs (a) general 1x1, arrival order"
+            "(b) general 1x1 + short 1x1, arrival order vs (a) general 1x1, arrival order"
+            "(a) general 1x1 vs (a) general 1x1, arrival order"
+        )
+        ;;
+    *)
+        echo "EXPERIMENT must be split or added-device, not '$EXPERIMENT'" >&2
+        exit 2
+        ;;
+esac
+OUT=${OUT:-target/bench/scheduling-$EXPERIMENT}
 CAPACITY_SECONDS=${CAPACITY_SECONDS:-30}
 CLIENTS=${CLIENTS:-4}
-SEED=${SEED:-1}
 LOAD_FRACTION=${LOAD_FRACTION:-0.7}
 RATE=${RATE:-}
 PORT=${PORT:-18650}
 CHECKPOINT=${CHECKPOINT:-}
-# The first configuration is the one whose capacity sets the offered load for all of them.
-CONFIGS=${CONFIGS:-general short-spill short-nospill}
 # BIN=target/debug with SKIP_BUILD=1 checks the script itself on debug binaries.
 BIN=${BIN:-target/release}
 URL=http://127.0.0.1:$PORT
@@ -37,22 +69,45 @@ label_of() {
         general) echo "general 2x1" ;;
         short-spill) echo "short 1x1 + general 1x1, spill" ;;
         short-nospill) echo "short 1x1 + general 1x1, no spill" ;;
+        one-general) echo "(a) general 1x1" ;;
+        one-general-arrival) echo "(a) general 1x1, arrival order" ;;
+        added-short) echo "(b) general 1x1 + short 1x1" ;;
+        added-short-arrival) echo "(b) general 1x1 + short 1x1, arrival order" ;;
         *) echo "$1" ;;
     esac
+}
+
+compare() {
+    # The headline pattern; every configuration of a seed saw the same bursty arrivals.
+    local results=("$OUT"/*-bursty-s*.json)
+    [ -e "${results[0]}" ] || return 0
+    local args=()
+    for pair in "${PAIRS[@]}"; do
+        args+=(--pair "$pair")
+    done
+    "$BIN/layad-load" compare "${args[@]}" --json "$OUT/compare.json" --plot "$PLOT" "${results[@]}" \
+        | tee "$OUT/compare.md"
+    echo "results in $OUT; comparison in $OUT/compare.md; plot in $PLOT" >&2
 }
 
 mkdir -p "$OUT"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     cargo build --release -p layad -p layad-worker-gpu -p layad-system-tests --bins
 fi
+if [ "${SKIP_RUNS:-0}" = 1 ]; then
+    compare
+    exit 0
+fi
 
 # The checkpoint: layad-bench's modernbert-mini (8 x 384 random weights, max_len 512), whose
 # 64-token row takes tens of milliseconds on one core, so queueing dominates latency. The same call
 # times one forward of 64, 128 and 384 tokens on one thread, recorded with the results.
 if [ -z "$CHECKPOINT" ]; then
-    "$BIN/layad-bench" --out-dir "$OUT" --models modernbert-mini --lengths 64,128,384 --rows 1 \
-        --precisions f32 --threads 1 --python none --min-runs 5 --max-runs 20 \
-        --json "$OUT/checkpoint-forward.json"
+    if [ ! -f "$OUT/modernbert-mini-v1024/model.safetensors" ]; then
+        "$BIN/layad-bench" --out-dir "$OUT" --models modernbert-mini --lengths 64,128,384 --rows 1 \
+            --precisions f32 --threads 1 --python none --min-runs 5 --max-runs 20 \
+            --json "$OUT/checkpoint-forward.json"
+    fi
     CHECKPOINT=$OUT/modernbert-mini-v1024
 fi
 CHECKPOINT=$(cd "$CHECKPOINT" && pwd)
@@ -102,33 +157,46 @@ start_server() { # config name
     exit 1
 }
 
-REFERENCE=$OUT/reference.json
-rm -f "$REFERENCE"
-RESULTS_POISSON=()
-RESULTS_BURSTY=()
-for config in $CONFIGS; do
-    echo "== $config" >&2
-    start_server "$config"
-    if [ -z "$RATE" ]; then
-        CAPACITY=$("$BIN/layad-load" capacity --url "$URL" --seconds "$CAPACITY_SECONDS" --clients "$CLIENTS" \
-            --seed "$SEED" --reference "$REFERENCE" --out "$OUT/capacity-$config.json" \
-            | tee /dev/stderr | awk '/^capacity_rps/ {print $2}')
-        if [ -z "$CAPACITY" ]; then
-            echo "layad-load capacity printed no capacity_rps line" >&2
-            exit 1
-        fi
-        RATE=$(awk -v c="$CAPACITY" -v f="$LOAD_FRACTION" 'BEGIN {printf "%.3f", c * f}')
-        echo "capacity of $config: $CAPACITY req/s; offered load: $RATE req/s" >&2
+COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- supervisor config proto worker-gpu tests || echo "+changes")
+[ -z "$RATE" ] && [ -f "$OUT/rate" ] && RATE=$(cat "$OUT/rate")
+read -r -a CONFIG_LIST <<< "$CONFIGS"
+round=0
+for seed in $SEEDS; do
+    order=("${CONFIG_LIST[@]}")
+    if [ $((round % 2)) = 1 ]; then
+        # Every other seed in reverse order, so drifts of the machine's speed fall on all alike.
+        order=()
+        for ((i = ${#CONFIG_LIST[@]} - 1; i >= 0; i--)); do order+=("${CONFIG_LIST[$i]}"); done
     fi
-    for arrivals in poisson bursty; do
-        "$BIN/layad-load" run --url "$URL" --rate "$RATE" --seconds "$RUN_SECONDS" --arrivals "$arrivals" \
-            --seed "$SEED" --reference "$REFERENCE" --label "$(label_of "$config")" \
-            --out "$OUT/$config-$arrivals.json"
+    round=$((round + 1))
+    for config in "${order[@]}"; do
+        echo "== seed $seed: $config" >&2
+        start_server "$config"
+        if [ -z "$RATE" ]; then
+            CAPACITY=$("$BIN/layad-load" capacity --url "$URL" --seconds "$CAPACITY_SECONDS" --clients "$CLIENTS" \
+                --seed "$seed" --reference "$OUT/reference-$seed.json" --out "$OUT/capacity-$config.json" \
+                | tee /dev/stderr | awk '/^capacity_rps/ {print $2}')
+            if [ -z "$CAPACITY" ]; then
+                echo "layad-load capacity printed no capacity_rps line" >&2
+                exit 1
+            fi
+            RATE=$(awk -v c="$CAPACITY" -v f="$LOAD_FRACTION" 'BEGIN {printf "%.3f", c * f}')
+            echo "$RATE" > "$OUT/rate"
+            echo "capacity of $config: $CAPACITY req/s; offered load: $RATE req/s" >&2
+        fi
+        # About 600 short requests (60% of arrivals) per run, in whole 3-second burst cycles.
+        SECONDS_PER_RUN=${RUN_SECONDS:-$(awk -v r="$RATE" 'BEGIN {s = 600 / (0.6 * r); s = 3 * int((s + 2.999) / 3); print (s < 60 ? 60 : s)}')}
+        for arrivals in $ARRIVALS; do
+            load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+            "$BIN/layad-load" run --url "$URL" --rate "$RATE" --seconds "$SECONDS_PER_RUN" --arrivals "$arrivals" \
+                --seed "$seed" --reference "$OUT/reference-$seed.json" --label "$(label_of "$config")" \
+                --out "$OUT/$config-$arrivals-s$seed.json"
+            printf '%s commit=%s seed=%s config=%s arrivals=%s rate=%s seconds=%s load_before=[%s] load_after=[%s]\n' \
+                "$(date -Is)" "$COMMIT" "$seed" "$config" "$arrivals" "$RATE" "$SECONDS_PER_RUN" "$load_before" \
+                "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/runs.log"
+        done
+        stop_server
     done
-    RESULTS_POISSON+=("$OUT/$config-poisson.json")
-    RESULTS_BURSTY+=("$OUT/$config-bursty.json")
-    stop_server
 done
 
-"$BIN/layad-load" plot --out "$PLOT" "${RESULTS_POISSON[@]}" "${RESULTS_BURSTY[@]}" | tee "$OUT/table.md"
-echo "results in $OUT; plot in $PLOT" >&2
+compare

@@ -255,6 +255,7 @@ mod tests {
             prepare: Some(Duration::from_micros(250)),
             queue: None,
             device: Some(Duration::from_millis(4)),
+            class: None,
         };
         assert_eq!(
             server_timing(&timings, Duration::from_millis(5)),

@@ -105,6 +105,13 @@ impl From<BackendError> for ApiError {
     fn from(e: BackendError) -> Self {
         match e {
             BackendError::Overloaded { retry_after } => Self::unavailable("server busy, try again later", retry_after),
+            BackendError::TooLate { expected, late } => Self::unavailable(
+                format!(
+                    "server busy: this request would finish in about {:.1} s, after its timeout; try again later",
+                    expected.as_secs_f64()
+                ),
+                late,
+            ),
             BackendError::DeadlineExpired => Self::unavailable(
                 "request timed out waiting for a worker; try again later",
                 Duration::from_secs(1),
@@ -160,6 +167,14 @@ mod tests {
         );
         let response = busy.into_response();
         assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+
+        let late = ApiError::from(BackendError::TooLate {
+            expected: Duration::from_millis(41_200),
+            late: Duration::from_millis(11_200),
+        });
+        assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(late.detail.contains("about 41.2 s"), "{}", late.detail);
+        assert_eq!(late.into_response().headers()[header::RETRY_AFTER], "12");
 
         let down = ApiError::from(BackendError::CheckpointUnavailable(CheckpointName::Multilingual));
         assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -79,7 +79,9 @@ impl ServiceModel {
     }
 
     /// Interpolated by token count between this checkpoint's warm-up shapes (proportionally beyond
-    /// the smallest or largest): a forward's cost grows with the tokens it pads to.
+    /// the smallest or largest): a forward's cost grows with the tokens it pads to. A warm-up shape
+    /// timed slower than a larger one (another process took the core meanwhile) counts as fast as
+    /// the larger one, so that more tokens are never expected to take less time.
     fn scaled_warmup(&self, checkpoint: CheckpointName, shape: ForwardShape) -> f64 {
         let mut points: Vec<(f64, f64)> = self
             .warmup
@@ -88,6 +90,9 @@ impl ServiceModel {
             .map(|w| (w.shape.tokens() as f64, w.steady_ms))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for i in (0..points.len().saturating_sub(1)).rev() {
+            points[i].1 = points[i].1.min(points[i + 1].1);
+        }
         let wanted = shape.tokens() as f64;
         let (Some(&first), Some(&last)) = (points.first(), points.last()) else {
             return UNKNOWN_MS;
@@ -159,6 +164,35 @@ mod tests {
             ms(model.estimate(CheckpointName::Multilingual, shape(1, 64))),
             UNKNOWN_MS
         );
+    }
+
+    #[test]
+    fn a_warmup_shape_timed_slower_than_a_larger_one_never_makes_fewer_tokens_cost_more() {
+        let mut model = ServiceModel::default();
+        model.seed(vec![
+            WarmupPoint {
+                checkpoint: ENGLISH,
+                shape: shape(1, 16),
+                steady_ms: 30.0,
+            },
+            WarmupPoint {
+                checkpoint: ENGLISH,
+                shape: shape(1, 96),
+                steady_ms: 12.0,
+            },
+            WarmupPoint {
+                checkpoint: ENGLISH,
+                shape: shape(8, 96),
+                steady_ms: 80.0,
+            },
+        ]);
+        let estimates: Vec<f64> = [8, 16, 37, 96, 192, 768]
+            .into_iter()
+            .map(|len| ms(model.estimate(ENGLISH, shape(1, len))))
+            .collect();
+        assert!(estimates.windows(2).all(|w| w[0] <= w[1]), "{estimates:?}");
+        // The 16-token shape counts as fast as the 96-token one.
+        assert!((estimates[1] - 12.0).abs() < 1e-9, "{estimates:?}");
     }
 
     #[test]

@@ -1,30 +1,35 @@
 //! A pool: identical workers on one device behind one bounded queue. Ready workers pull jobs from
-//! the queue (work-conserving: nobody waits behind a slow worker while another idles).
+//! the queue (work-conserving: nobody waits behind a slow worker while another idles), and with
+//! spill on, an idle worker also takes jobs it would finish sooner from its peers' queues.
 //!
-//! Layout: [`capabilities`] (what the pool takes), [`queue`] (its plain [`State`]: queue, batches,
-//! backlog), [`estimate`] (service-time estimates), [`worker_task`] (one task per ready worker:
-//! batch → forward → answers). This module is the handle that ties them: [`Pool`] locks the state,
-//! wakes the worker tasks, admits the workers the process manager reports ready (which then runs
-//! their [`worker_task`]), and reports status.
+//! Layout: [`capabilities`] (what the pool takes), [`queue`] (its plain [`State`]: queue in service
+//! order, batches, expected starts, what a peer may take), [`order`] (the service order and the
+//! start-time model), [`estimate`] (service-time estimates), [`waits`] (queue waits per job class),
+//! [`worker_task`] (one task per ready worker: batch → forward → answers). This module is the
+//! handle that ties them: [`Pool`] locks the state, wakes the worker tasks, admits the workers the
+//! process manager reports ready (which then runs their [`worker_task`]), and reports status.
 
 pub mod capabilities;
 pub mod estimate;
+pub mod order;
 pub mod queue;
+pub mod waits;
 pub mod worker_task;
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use laya::routing::CheckpointName;
 use layad_config::PoolConfig;
 use layad_proto::client::WorkerClient;
 use layad_proto::pb;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
-use crate::backend::{BackendError, Job, PoolAnswer, Route};
+use crate::backend::{BackendError, Job, Route};
 use crate::pool::capabilities::{Capabilities, ForwardShape, JobShape};
 use crate::pool::estimate::WarmupPoint;
-use crate::pool::queue::{ReadyWorker, State};
+use crate::pool::order::QueuePolicy;
+use crate::pool::queue::{Answer, Entry, ReadyWorker, State};
 use crate::status::{LoadedCheckpoint, PoolStatus, WarmupReport, WorkerState, WorkerStatus};
 
 /// What the scheduler needs to know about one pool for one job.
@@ -40,9 +45,12 @@ pub struct PoolView {
     pub ready: usize,
     /// Why the pool cannot run on this machine, if so.
     pub unavailable: Option<String>,
-    /// Backlog plus the job's service estimate: when it would finish here (`None`: no ready worker).
+    /// When the job would start here, from its place in the service order (`None`: no ready
+    /// worker).
+    pub start: Option<Duration>,
+    /// Its expected start plus its service estimate: when it would finish here.
     pub expected: Option<Duration>,
-    /// A ready worker for the job's checkpoint is free and nothing waits: it would start at once.
+    /// It would start at once.
     pub idle: bool,
     /// The job's service estimate alone.
     pub service: Duration,
@@ -148,6 +156,8 @@ pub struct Pool {
     state: Mutex<State>,
     /// Wakes the worker tasks: a job was queued or re-queued, or a worker left.
     notify: Notify,
+    /// The pools whose queues this pool's idle workers may take from (none with spill off).
+    peers: RwLock<Vec<Weak<Pool>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -167,6 +177,7 @@ impl Pool {
             checkpoints,
             state: Mutex::new(State::default()),
             notify: Notify::new(),
+            peers: RwLock::new(Vec::new()),
         })
     }
 
@@ -204,8 +215,15 @@ impl Pool {
             .map_or_else(|| self.configured.clone(), |w| w.capabilities.clone())
     }
 
-    /// How this pool would take a job of `shape` on `checkpoint`.
-    pub fn view(&self, checkpoint: CheckpointName, shape: JobShape) -> PoolView {
+    /// How this pool would take a job of `shape` on `checkpoint`, answered by `deadline`, were it
+    /// queued now in `policy`'s order.
+    pub fn view(
+        &self,
+        checkpoint: CheckpointName,
+        shape: JobShape,
+        policy: &QueuePolicy,
+        deadline: Instant,
+    ) -> PoolView {
         let state = self.lock();
         let capabilities = self.capabilities_of(&state);
         let holds = capabilities.holds(shape);
@@ -217,21 +235,20 @@ impl Pool {
             .values()
             .filter(|w| w.checkpoints.contains(&checkpoint))
             .count();
-        let expected = if ready == 0 {
+        let start = if ready == 0 {
             None
         } else {
-            state.backlog().map(|backlog| backlog + service)
+            state.start_for(policy.priority(Instant::now(), service, deadline))
         };
-        let busy = state.running.len();
-        let idle = ready > busy && state.queue.is_empty();
         PoolView {
             name: self.config.name.clone(),
             capabilities,
             holds,
             ready,
             unavailable: state.unavailable.clone(),
-            expected,
-            idle,
+            start,
+            expected: start.map(|start| start + service),
+            idle: start == Some(Duration::ZERO),
             service,
         }
     }
@@ -257,19 +274,69 @@ impl Pool {
         self.lock().retiring = true;
     }
 
-    /// Queues a job the scheduler placed here by `route`, or refuses it at once when the queue is
-    /// full. The receiver gets the answer; dropping it withdraws the job.
+    /// Queues a job the scheduler placed here by `route`, in `policy`'s order, or refuses it at once
+    /// when the queue is full. The receiver gets the answer; dropping it withdraws the job.
     pub fn enqueue(
         &self,
         job: Job,
         forward: ForwardShape,
         route: Route,
-    ) -> Result<oneshot::Receiver<Result<PoolAnswer, BackendError>>, BackendError> {
+        policy: &QueuePolicy,
+    ) -> Result<Answer, BackendError> {
         let receiver = self
             .lock()
-            .push(job, forward, route, self.config.queue_capacity as usize)?;
+            .push(job, forward, route, self.config.queue_capacity as usize, policy)?;
         self.notify.notify_waiters();
+        // An idle worker of a peer may take it if this pool cannot start it soon.
+        self.notify_peers();
         Ok(receiver)
+    }
+
+    /// Sets the pools whose queues this pool's idle workers may take from.
+    pub fn set_peers(&self, peers: Vec<Weak<Pool>>) {
+        *self.peers.write().unwrap_or_else(|p| p.into_inner()) = peers;
+        // A worker idling now may find work in its new peers' queues.
+        self.notify.notify_waiters();
+    }
+
+    fn peers(&self) -> Vec<Arc<Pool>> {
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        peers.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Wakes the idle workers of every pool that may take from this one.
+    fn notify_peers(&self) {
+        for peer in self.peers() {
+            peer.notify.notify_waiters();
+        }
+    }
+
+    /// For an idle `worker` of this pool: jobs it holds from a peer's queue that it would finish
+    /// strictly earlier than the peer (see [`State::take_for_peer`]), recorded as started here.
+    fn take_from_peers(&self, worker: &AdmittedWorker) -> Option<Vec<Entry>> {
+        // This pool's estimates, copied so that no two pools' locks are ever held at once.
+        let model = {
+            let state = self.lock();
+            if state.retiring {
+                return None;
+            }
+            state.model.clone()
+        };
+        for peer in self.peers() {
+            let taken = peer.lock().take_for_peer(
+                peer.name(),
+                &worker.checkpoints,
+                &worker.limits,
+                |checkpoint, forward| model.estimate(checkpoint, forward),
+            );
+            if let Some(batch) = taken {
+                let mut state = self.lock();
+                state.taken.0 += batch.len() as u64;
+                state.begin(worker.index, &batch);
+                return Some(batch);
+            }
+        }
+        None
     }
 
     /// Counts a job that preferred this pool but went elsewhere.
@@ -369,6 +436,8 @@ impl Pool {
             routed: state.routed,
             spilled_out: state.spilled_out,
             batches: state.batches,
+            taken: state.taken,
+            waits: state.waits.summary(),
             workers: state.workers.values().cloned().collect(),
         }
     }

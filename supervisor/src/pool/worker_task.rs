@@ -1,6 +1,7 @@
-//! One task per ready worker: wait for a batch it can run, send it over gRPC, hand each job its
-//! answer, and learn the device time. A job whose worker dies before answering goes back to the front
-//! of the queue once (decisions are pure, so a retry is safe).
+//! One task per ready worker: wait for a batch it can run (from its own pool's queue or, when that
+//! holds nothing for it, one it would finish sooner from a peer's), send it over gRPC, hand each job
+//! its answer, and learn the device time. A job whose worker dies before answering goes back to the
+//! queue once (decisions are pure, so a retry is safe).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +12,7 @@ use layad_proto::client::ClientError;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BackendError, PoolAnswer};
-use crate::pool::capabilities::ForwardShape;
-use crate::pool::queue::Entry;
+use crate::pool::queue::{Entry, forward_of};
 use crate::pool::{AdmittedWorker, Pool};
 
 /// How many times a job may be started on a worker: once, plus one retry after a worker death.
@@ -45,17 +45,28 @@ async fn next_batch(pool: &Pool, worker: &AdmittedWorker, stop: &CancellationTok
         tokio::pin!(notified);
         // Register before looking, so a job queued between the look and the wait still wakes us.
         notified.as_mut().enable();
-        let wake_after = {
+        let waiting = {
             let mut state = pool.lock();
             state.drop_abandoned();
-            if let Some(batch) = state.take_batch(&worker.checkpoints, &worker.limits, batch_wait) {
+            if let Some(batch) = state.take_batch(worker.index, &worker.checkpoints, &worker.limits, batch_wait) {
+                let left_behind = !state.queue.is_empty();
+                drop(state);
+                if left_behind {
+                    // What still waits here starts later now: a peer's idle worker may take it.
+                    pool.notify_peers();
+                }
                 return Some(batch);
             }
-            // A job waiting for company: look again when its wait is over.
-            state
-                .batch_wait_left(&worker.checkpoints, batch_wait)
-                .map_or(LOOK_AGAIN, |left| left.min(LOOK_AGAIN))
+            state.batch_wait_left(&worker.checkpoints, batch_wait)
         };
+        // Nothing here for this worker: take a peer's job it would finish sooner, if there is one.
+        if waiting.is_none()
+            && let Some(batch) = pool.take_from_peers(worker)
+        {
+            return Some(batch);
+        }
+        // A job waiting for company: look again when its wait is over.
+        let wake_after = waiting.map_or(LOOK_AGAIN, |left| left.min(LOOK_AGAIN));
         tokio::select! {
             () = &mut notified => {}
             () = stop.cancelled() => return None,
@@ -74,10 +85,7 @@ async fn run_batch(
     dead: &CancellationToken,
 ) -> bool {
     let checkpoint = batch[0].job.checkpoint;
-    let forward = ForwardShape {
-        rows: batch.iter().map(|q| q.job.rows.len()).sum(),
-        padded_len: batch.iter().map(|q| q.forward.padded_len).max().unwrap_or(0),
-    };
+    let forward = forward_of(&batch);
     let rows: Vec<EngineRow> = batch
         .iter()
         .flat_map(|q| &q.job.rows)
@@ -87,16 +95,8 @@ async fn run_batch(
             qtype: r.qtype as u32,
         })
         .collect();
+    // The batch was recorded as started (in flight, expected time) when it was taken.
     let started = Instant::now();
-    {
-        let mut state = pool.lock();
-        let estimate = state.model.estimate(checkpoint, forward);
-        state.running.insert(worker.index, (started, estimate));
-        if batch.len() > 1 {
-            state.batches.0 += 1;
-            state.batches.1 += batch.len() as u64;
-        }
-    }
     for q in &mut batch {
         q.attempts += 1;
     }
@@ -132,6 +132,7 @@ async fn run_batch(
                     queue_wait: started.duration_since(q.enqueued),
                     device_time,
                     batch_rows: forward.rows,
+                    taken_over: q.taken_over.clone(),
                 }));
             }
             true
@@ -145,7 +146,7 @@ async fn run_batch(
                 tracing::error!(worker = name, request_id = %q.job.request_id, %error, "job lost its worker twice");
                 let _ = q.reply.send(Err(BackendError::Failed(error.to_string())));
             }
-            pool.lock().requeue_front(retry);
+            pool.lock().requeue(retry);
             pool.notify.notify_waiters();
             false
         }
@@ -156,7 +157,8 @@ async fn run_batch(
                 q.solo = true;
                 q.attempts -= 1;
             }
-            pool.lock().requeue_front(batch);
+            pool.lock().requeue(batch);
+            pool.notify.notify_waiters();
             true
         }
         Err(error) => {

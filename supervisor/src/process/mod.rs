@@ -263,7 +263,7 @@ impl Workers {
             checkpoint_dirs,
         ));
         let inner = Arc::new(Inner {
-            scheduler: Arc::new(Scheduler::new(Vec::new(), config.scheduling.spill)),
+            scheduler: Arc::new(Scheduler::new(Vec::new(), config.scheduling.clone())),
             settings,
             stop: CancellationToken::new(),
             pools: Mutex::new(Vec::new()),
@@ -285,12 +285,12 @@ impl Workers {
     }
 
     /// Applies a reload to the pools: `changes` (see [`crate::reload::plan`]) in the order of the
-    /// new configuration `loaded`, whose `scheduling.spill` also takes effect. Returns at once;
+    /// new configuration `loaded`, whose `[scheduling]` also takes effect. Returns at once;
     /// workers join as they become ready. Nothing changes when a worker binary is missing.
     pub fn apply(&self, loaded: &Config, changes: &[PoolChange]) -> Result<(), WorkersError> {
         let inner = &self.inner;
         check_binaries(loaded, &inner.settings.binary_dir)?;
-        inner.scheduler.set_spill(loaded.scheduling.spill);
+        inner.scheduler.set_scheduling(loaded.scheduling.clone());
         let mut retirements = Vec::new();
         {
             let mut pools = inner.lock();

@@ -16,7 +16,9 @@ use laya::routing::CheckpointName;
 use layad::backend::{Backend, BackendError, Job, JobOutput, PoolAnswer, Route};
 use layad::checkpoints::Checkpoints;
 use layad::pool::capabilities::Capabilities;
-use layad::status::{BackendStatus, LoadedCheckpoint, PoolStatus, RouteCounts, WorkerState, WorkerStatus};
+use layad::status::{
+    BackendStatus, ClassWaits, JobClass, LoadedCheckpoint, PoolStatus, RouteCounts, WorkerState, WorkerStatus,
+};
 use layad_config::{Config, PoolConfig};
 use layad_system_tests::goldens::{fixture_json, fixtures_dir};
 pub use layad_system_tests::http::{Framing, Request, Response, send};
@@ -133,6 +135,7 @@ impl Backend for GoldenBackend {
                     queue_wait: Duration::from_micros(5),
                     device_time: Duration::from_micros(700),
                     batch_rows: 1,
+                    taken_over: None,
                 },
                 route: Route::Preferred,
                 reason: "'gpu' is the only pool".into(),
@@ -190,6 +193,15 @@ impl Backend for GoldenBackend {
                 routed: RouteCounts::default(),
                 spilled_out: 0,
                 batches: (0, 0),
+                taken: (2, 0),
+                waits: vec![ClassWaits {
+                    class: JobClass::of(1, 60),
+                    jobs: 5,
+                    recent: 5,
+                    p50: Duration::from_micros(1500),
+                    p99: Duration::from_millis(12),
+                    max: Duration::from_millis(12),
+                }],
                 workers: vec![worker],
             }],
         }

@@ -2,6 +2,7 @@
 //! served checkpoint has a ready worker). Never authenticated, like upstream's `/health`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,7 +14,7 @@ use layad_proto::pb::CheckpointParity;
 
 use crate::http::app::App;
 use crate::http::response::json_response;
-use crate::status::{BackendStatus, PoolStatus, WorkerState, WorkerStatus};
+use crate::status::{BackendStatus, ClassWaits, PoolStatus, WorkerState, WorkerStatus};
 
 /// `GET /livez`: 200 while the process can answer HTTP.
 pub async fn livez() -> Response {
@@ -109,6 +110,21 @@ fn parity_json(gate: &CheckpointParity) -> Value {
     })
 }
 
+/// Per job class seen: jobs started here, and the median, 99th percentile and longest wait of the
+/// most recent ones, in milliseconds.
+fn waits_json(waits: &[ClassWaits]) -> Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    let classes: Map<String, Value> = waits
+        .iter()
+        .map(|w| {
+            let summary =
+                json!({"jobs": w.jobs, "recent": w.recent, "p50": ms(w.p50), "p99": ms(w.p99), "max": ms(w.max)});
+            (w.class.name().to_owned(), summary)
+        })
+        .collect();
+    Value::Object(classes)
+}
+
 fn pool_json(pool: &PoolStatus) -> Value {
     let checkpoints: Vec<&str> = pool.checkpoints.iter().map(|c| c.as_str()).collect();
     json!({
@@ -135,8 +151,11 @@ fn pool_json(pool: &PoolStatus) -> Value {
             "spilled_in": pool.routed.spilled,
             "fallback": pool.routed.fallback,
             "spilled_out": pool.spilled_out,
+            "taken_from_others": pool.taken.0,
+            "taken_by_others": pool.taken.1,
         },
         "batches": {"forwards": pool.batches.0, "jobs": pool.batches.1},
+        "queue_wait_ms": waits_json(&pool.waits),
         "workers": pool.workers.iter().map(worker_json).collect::<Vec<_>>(),
     })
 }

@@ -6,7 +6,8 @@
 //! server is doing, and measures latency from the scheduled arrival, so queueing shows up in the
 //! numbers instead of slowing the client down (the coordinated-omission trap of closed loops).
 //! `capacity` is the closed-loop throughput of the same mix, to size the offered load; `plot` turns
-//! result files into docs/scheduling.svg and a markdown table. tools/bench/scheduling.sh drives it.
+//! result files into docs/scheduling.svg and a markdown table; `compare` reads several seeds of
+//! several configurations with bootstrap intervals. tools/bench/scheduling.sh drives it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,6 +35,8 @@ enum Command {
     Capacity(CapacityArgs),
     /// SVG and markdown table comparing `run` result files.
     Plot(PlotArgs),
+    /// Several seeds of several configurations: P99 ratios with bootstrap intervals, SVG per seed.
+    Compare(compare::CompareArgs),
 }
 
 /// What every measuring command needs to build the same requests.
@@ -126,6 +129,7 @@ impl Arrivals {
     }
 }
 
+mod compare;
 mod plot;
 mod workload;
 
@@ -664,6 +668,7 @@ async fn main() {
         Command::Run(args) => run(args).await,
         Command::Capacity(args) => capacity(args).await,
         Command::Plot(args) => plot::plot(args),
+        Command::Compare(args) => compare::compare(args),
     };
     if let Err(e) = result {
         eprintln!("layad-load: {e}");

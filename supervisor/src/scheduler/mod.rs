@@ -1,18 +1,21 @@
 //! The scheduler: places each job on a pool by its shape, spills it to another capable pool when it
-//! would finish strictly earlier there, and waits for the pool's answer. It alone decides a job's
-//! route and the reason given for it.
+//! would finish strictly earlier there (expected start from its place in that pool's service order,
+//! plus its service estimate), refuses at once what no pool would finish before its deadline, and
+//! waits for the pool's answer. It alone decides a job's route and the reason given for it,
+//! including for a job an idle pool took over from another pool's queue.
 //!
 //! Placement is [`place`], a pure function of what each pool reports ([`PoolView`]), so every rule
 //! is unit-tested without processes. The pool list can be swapped by a reload while jobs run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use layad_config::SchedulingConfig;
 
-use crate::backend::{Backend, BackendError, Job, JobOutput, Route};
+use crate::backend::{Backend, BackendError, Job, JobOutput, PoolAnswer, Route};
 use crate::pool::capabilities::{ForwardShape, JobShape};
+use crate::pool::order::QueuePolicy;
 use crate::pool::{Pool, PoolView};
 use crate::status::BackendStatus;
 
@@ -20,7 +23,7 @@ use crate::status::BackendStatus;
 #[derive(Debug)]
 pub struct Scheduler {
     pools: RwLock<Vec<Arc<Pool>>>,
-    spill: AtomicBool,
+    settings: RwLock<SchedulingConfig>,
 }
 
 /// Where a job goes and why.
@@ -54,10 +57,11 @@ fn describe_shape(shape: JobShape) -> String {
 }
 
 /// Chooses a pool for a job of `shape` among `views` (the pools serving its checkpoint, in
-/// configuration order). The preferred pool is the most specialised capable one with a ready
-/// worker; with `spill`, when that pool cannot start the job at once, a capable pool where the job is
-/// expected to finish strictly earlier wins.
-pub fn place(views: &[PoolView], shape: JobShape, spill: bool) -> Result<Placement, BackendError> {
+/// configuration order), `time_left` before its deadline. The preferred pool is the most specialised
+/// capable one with a ready worker; with `spill`, when that pool cannot start the job at once, a
+/// capable pool where the job is expected to finish strictly earlier wins. When no pool it may go to
+/// is expected to finish it within `time_left`, it is refused ([`BackendError::TooLate`]).
+pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Duration) -> Result<Placement, BackendError> {
     let mut capable: Vec<usize> = (0..views.len()).filter(|&i| views[i].holds.is_ok()).collect();
     if capable.is_empty() {
         let why: Vec<String> = views
@@ -98,6 +102,19 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool) -> Result<Placeme
     others.sort_by_key(|&i| (expected(i), i));
     let forward = |i: usize| views[i].holds.clone().map_err(BackendError::NoCapablePool);
 
+    // Admission by deadline: the soonest it could finish where it may go. (Without a ready worker
+    // anywhere there is no estimate, and the job waits for one.)
+    let soonest = match others.first() {
+        Some(&best) if spill || preferred != most_specialised => expected(preferred).min(expected(best)),
+        _ => expected(preferred),
+    };
+    if soonest > time_left {
+        return Err(BackendError::TooLate {
+            expected: soonest,
+            late: soonest - time_left,
+        });
+    }
+
     if preferred != most_specialised {
         let skipped = &views[most_specialised];
         let why = match &skipped.unavailable {
@@ -134,8 +151,9 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool) -> Result<Placeme
                 forward: forward(best)?,
                 route: Route::Spilled,
                 reason: format!(
-                    "spilled from '{}' (expected to finish in {}) to '{}' ({})",
+                    "spilled from '{}' (expected to start in {} and finish in {}) to '{}' (finish in {})",
                     view.name,
+                    ms(view.start.unwrap_or_default()),
                     ms(expected(preferred)),
                     views[best].name,
                     ms(expected(best))
@@ -166,13 +184,30 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool) -> Result<Placeme
     })
 }
 
+/// The route and reason of a job an idle worker of `answer.pool` took from another pool's queue.
+fn taken_over_route(answer: &PoolAnswer) -> Option<(Route, String)> {
+    let over = answer.taken_over.as_ref()?;
+    let there = over.would_start.map_or("no worker ready there".to_owned(), |start| {
+        format!("expected to start in {}", ms(start))
+    });
+    Some((
+        Route::Spilled,
+        format!(
+            "taken over from '{}' ({there}) by '{}', whose worker was idle",
+            over.from, answer.pool
+        ),
+    ))
+}
+
 impl Scheduler {
-    /// A scheduler over `pools`.
-    pub fn new(pools: Vec<Arc<Pool>>, spill: bool) -> Self {
-        Self {
-            pools: RwLock::new(pools),
-            spill: AtomicBool::new(spill),
-        }
+    /// A scheduler over `pools`, spreading and ordering jobs as `settings` say.
+    pub fn new(pools: Vec<Arc<Pool>>, settings: SchedulingConfig) -> Self {
+        let scheduler = Self {
+            pools: RwLock::new(Vec::new()),
+            settings: RwLock::new(settings),
+        };
+        scheduler.set_pools(pools);
+        scheduler
     }
 
     /// The pools, in configuration order (retiring ones included until they are gone).
@@ -183,16 +218,39 @@ impl Scheduler {
     /// Replaces the pool list (reload).
     pub fn set_pools(&self, pools: Vec<Arc<Pool>>) {
         *self.pools.write().unwrap_or_else(|p| p.into_inner()) = pools;
+        self.connect_peers();
     }
 
-    /// Turns spilling on or off (reload).
-    pub fn set_spill(&self, spill: bool) {
-        self.spill.store(spill, Ordering::Relaxed);
+    /// Applies a new `[scheduling]` (reload).
+    pub fn set_scheduling(&self, settings: SchedulingConfig) {
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
+        self.connect_peers();
+    }
+
+    fn settings(&self) -> SchedulingConfig {
+        self.settings.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// With spill on, every pool's idle workers may take jobs from the queues of the other pools
+    /// sharing a checkpoint with it; with spill off, from none.
+    fn connect_peers(&self) {
+        let spill = self.settings().spill;
+        let pools = self.pools();
+        for pool in &pools {
+            let peers = pools
+                .iter()
+                .filter(|other| {
+                    spill && !Arc::ptr_eq(pool, other) && other.checkpoints().iter().any(|c| pool.serves(*c))
+                })
+                .map(Arc::downgrade)
+                .collect();
+            pool.set_peers(peers);
+        }
     }
 
     /// Queues `job` and waits for its answer. The caller bounds the wait: dropping this future
     /// withdraws the job.
-    async fn submit(pools: Vec<Arc<Pool>>, spill: bool, job: Job) -> Result<JobOutput, BackendError> {
+    async fn submit(pools: Vec<Arc<Pool>>, settings: SchedulingConfig, job: Job) -> Result<JobOutput, BackendError> {
         let serving: Vec<Arc<Pool>> = pools
             .into_iter()
             .filter(|p| p.serves(job.checkpoint) && p.accepting())
@@ -201,10 +259,15 @@ impl Scheduler {
             return Err(BackendError::CheckpointUnavailable(job.checkpoint));
         }
         let shape = JobShape::of(&job.rows);
-        let views: Vec<PoolView> = serving.iter().map(|p| p.view(job.checkpoint, shape)).collect();
-        let placement = place(&views, shape, spill)?;
+        let policy = QueuePolicy::from_config(&settings);
+        let views: Vec<PoolView> = serving
+            .iter()
+            .map(|p| p.view(job.checkpoint, shape, &policy, job.deadline))
+            .collect();
+        let time_left = job.deadline.saturating_duration_since(Instant::now());
+        let placement = place(&views, shape, settings.spill, time_left)?;
         let mut answer = None;
-        let mut last_error = None;
+        let mut refusals: Vec<BackendError> = Vec::new();
         for (attempt, i) in std::iter::once(placement.pool)
             .chain(placement.alternatives.iter().copied())
             .enumerate()
@@ -212,18 +275,29 @@ impl Scheduler {
             let Ok(forward) = views[i].holds.clone() else { continue };
             // A full queue sends the job on to the next capable pool, and says so.
             let route = if attempt == 0 { placement.route } else { Route::Spilled };
-            match serving[i].enqueue(job.clone(), forward, route) {
+            match serving[i].enqueue(job.clone(), forward, route, &policy) {
                 Ok(receiver) => {
                     answer = Some((i, attempt, receiver));
                     break;
                 }
-                Err(e) => last_error = Some(e),
+                Err(e) => refusals.push(e),
             }
         }
         let Some((chosen, attempt, receiver)) = answer else {
-            return Err(last_error.unwrap_or(BackendError::Overloaded {
-                retry_after: Duration::from_secs(1),
-            }));
+            // Every pool it may go to is full: retry when the first of them has room.
+            let soonest = refusals
+                .iter()
+                .filter_map(|e| match e {
+                    BackendError::Overloaded { retry_after } => Some(*retry_after),
+                    _ => None,
+                })
+                .min();
+            return Err(match soonest {
+                Some(retry_after) => BackendError::Overloaded { retry_after },
+                None => refusals.pop().unwrap_or(BackendError::Overloaded {
+                    retry_after: Duration::from_secs(1),
+                }),
+            });
         };
         let (route, reason) = if attempt == 0 {
             (placement.route, placement.reason)
@@ -239,7 +313,10 @@ impl Scheduler {
             serving[from].count_spilled_out();
         }
         match receiver.await {
-            Ok(answer) => answer.map(|answer| JobOutput { answer, route, reason }),
+            Ok(answer) => answer.map(|answer| {
+                let (route, reason) = taken_over_route(&answer).unwrap_or((route, reason));
+                JobOutput { answer, route, reason }
+            }),
             // The pool dropped the job without answering: it is shutting down.
             Err(_) => Err(BackendError::Failed("the pool shut down before answering".to_owned())),
         }
@@ -248,8 +325,7 @@ impl Scheduler {
 
 impl Backend for Scheduler {
     fn run(&self, job: Job) -> BoxFuture<'static, Result<JobOutput, BackendError>> {
-        let (pools, spill) = (self.pools(), self.spill.load(Ordering::Relaxed));
-        Box::pin(Self::submit(pools, spill, job))
+        Box::pin(Self::submit(self.pools(), self.settings(), job))
     }
 
     fn status(&self) -> BackendStatus {
@@ -260,120 +336,4 @@ impl Backend for Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pool::capabilities::Capabilities;
-
-    fn caps(max_questions: usize, max_len: Option<usize>) -> Capabilities {
-        Capabilities {
-            max_questions,
-            max_rows: 64,
-            max_len,
-            buckets: Vec::new(),
-            max_batch_tokens: 32768,
-        }
-    }
-
-    /// A pool view: `expected_ms` None means no ready worker.
-    fn view(name: &str, capabilities: Capabilities, shape: JobShape, expected_ms: Option<u64>) -> PoolView {
-        PoolView {
-            name: name.to_owned(),
-            holds: capabilities.holds(shape),
-            capabilities,
-            ready: usize::from(expected_ms.is_some()),
-            unavailable: None,
-            // Idle when its expected completion is its service time alone.
-            idle: expected_ms == Some(10),
-            expected: expected_ms.map(Duration::from_millis),
-            service: Duration::from_millis(10),
-        }
-    }
-
-    fn short_and_general(shape: JobShape, short_ms: Option<u64>, general_ms: Option<u64>) -> Vec<PoolView> {
-        // The general pool comes first in the configuration: order must not matter.
-        vec![
-            view("general", caps(64, None), shape, general_ms),
-            view("short", caps(1, Some(128)), shape, short_ms),
-        ]
-    }
-
-    const SHORT: JobShape = JobShape {
-        questions: 1,
-        longest: 60,
-    };
-
-    #[test]
-    fn a_short_single_question_prefers_the_short_pool() {
-        let placement = place(&short_and_general(SHORT, Some(10), Some(10)), SHORT, true).expect("placed");
-        assert_eq!((placement.pool, placement.route), (1, Route::Preferred));
-        assert!(placement.reason.contains("most specialised"), "{}", placement.reason);
-        // Idle, it keeps the job even when the other pool's estimate is lower.
-        let mut views = short_and_general(SHORT, Some(10), Some(5));
-        views[0].idle = true;
-        let placement = place(&views, SHORT, true).expect("placed");
-        assert_eq!((placement.pool, placement.route), (1, Route::Preferred));
-    }
-
-    #[test]
-    fn multi_question_and_long_requests_go_to_the_general_pool() {
-        for shape in [
-            JobShape {
-                questions: 4,
-                longest: 60,
-            },
-            JobShape {
-                questions: 1,
-                longest: 300,
-            },
-        ] {
-            // Even with the short pool idle and the general one busy: it cannot hold them.
-            let placement = place(&short_and_general(shape, Some(1), Some(500)), shape, true).expect("placed");
-            assert_eq!((placement.pool, placement.route), (0, Route::Preferred), "{shape:?}");
-            assert!(placement.reason.contains("only pool"), "{}", placement.reason);
-            assert!(placement.alternatives.is_empty());
-        }
-    }
-
-    #[test]
-    fn a_backed_up_short_pool_spills_only_when_strictly_later() {
-        let spilled = place(&short_and_general(SHORT, Some(80), Some(30)), SHORT, true).expect("placed");
-        assert_eq!((spilled.pool, spilled.route), (0, Route::Spilled));
-        assert_eq!(spilled.spilled_from, Some(1));
-        assert!(spilled.reason.starts_with("spilled from 'short'"), "{}", spilled.reason);
-        let tie = place(&short_and_general(SHORT, Some(30), Some(30)), SHORT, true).expect("placed");
-        assert_eq!((tie.pool, tie.route), (1, Route::Preferred));
-        let off = place(&short_and_general(SHORT, Some(80), Some(30)), SHORT, false).expect("placed");
-        assert_eq!((off.pool, off.route), (1, Route::Preferred));
-        assert!(off.alternatives.is_empty(), "no spill: a full queue answers 503");
-    }
-
-    #[test]
-    fn an_unavailable_preferred_pool_falls_back_and_says_why() {
-        let mut views = short_and_general(SHORT, None, Some(30));
-        views[1].unavailable = Some("Core ML is not available on linux".to_owned());
-        let placement = place(&views, SHORT, true).expect("placed");
-        assert_eq!((placement.pool, placement.route), (0, Route::Fallback));
-        assert!(
-            placement
-                .reason
-                .contains("'short' would take 1 question of up to 60 tokens but is unavailable (Core ML"),
-            "{}",
-            placement.reason
-        );
-    }
-
-    #[test]
-    fn no_ready_pool_queues_on_the_most_specialised_and_no_capable_pool_is_an_error() {
-        let placement = place(&short_and_general(SHORT, None, None), SHORT, true).expect("queued");
-        assert_eq!((placement.pool, placement.route), (1, Route::Fallback));
-        let huge = JobShape {
-            questions: 65,
-            longest: 60,
-        };
-        let error = place(&short_and_general(huge, Some(1), Some(1)), huge, true).expect_err("nowhere");
-        assert!(
-            matches!(&error, BackendError::NoCapablePool(why) if why.contains("'general' takes at most 64 question(s)")),
-            "{error:?}"
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,359 @@
+//! A pool's plain state: its bounded queue of jobs in service order, the batches taken from it (by
+//! its own workers, or by an idle worker of another pool), its ready workers and what `/health`
+//! reports about them. No processes and no waiting: [`super::Pool`] holds it under a lock, and the
+//! tests below drive it directly.
+//!
+//! The queue is kept in priority order ([`super::order`]: shortest expected first with aging, or
+//! arrival); a batch is the first job a worker can run plus later jobs of the same checkpoint that
+//! fit beside it without too much padding.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use laya::routing::CheckpointName;
+use tokio::sync::oneshot;
+
+use crate::backend::{BackendError, Job, PoolAnswer, Route, TakenOver};
+use crate::pool::capabilities::{Capabilities, ForwardShape, JobShape};
+use crate::pool::estimate::ServiceModel;
+use crate::pool::order::{QueuePolicy, Timeline};
+use crate::pool::waits::WaitLog;
+use crate::status::{RouteCounts, WorkerStatus};
+
+/// Most padding a batch may add, as a share of the tokens its jobs would run alone.
+const MAX_PADDING: f64 = 0.25;
+
+/// Where a job's answer goes.
+pub type Reply = oneshot::Sender<Result<PoolAnswer, BackendError>>;
+
+/// Where the scheduler waits for a job's answer.
+pub type Answer = oneshot::Receiver<Result<PoolAnswer, BackendError>>;
+
+/// One queued job.
+#[derive(Debug)]
+pub struct Entry {
+    /// The job.
+    pub job: Job,
+    /// The forward it needs on this pool.
+    pub forward: ForwardShape,
+    /// Its expected device time, counted in the backlog while it waits.
+    pub estimate: Duration,
+    /// When it was queued.
+    pub enqueued: Instant,
+    /// When it should start by: the queue is served in increasing priority, then arrival.
+    pub priority: Instant,
+    /// Arrival order, among jobs of equal priority.
+    pub seq: u64,
+    /// Times it was started on a worker.
+    pub attempts: u32,
+    /// Run alone: a batch it was part of failed, and only a lone run tells whose fault it was.
+    pub solo: bool,
+    /// Set when another pool's idle worker took it from the queue it was placed in.
+    pub taken_over: Option<TakenOver>,
+    /// Where its answer goes; closed when the request no longer waits for it.
+    pub reply: Reply,
+}
+
+/// A worker admitted to the pool.
+#[derive(Clone, Debug)]
+pub struct ReadyWorker {
+    /// The checkpoints it has loaded.
+    pub checkpoints: Vec<CheckpointName>,
+    /// What it takes in one forward.
+    pub capabilities: Capabilities,
+}
+
+/// Everything a pool knows, as plain data.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Jobs waiting for a worker, in service order.
+    pub queue: VecDeque<Entry>,
+    /// Jobs on a worker now.
+    pub in_flight: usize,
+    /// Per busy worker: when its forward started and how long it was expected to take.
+    pub running: BTreeMap<usize, (Instant, Duration)>,
+    /// Every worker slot's record for `/health`.
+    pub workers: BTreeMap<usize, WorkerStatus>,
+    /// The workers that take jobs now.
+    pub ready: BTreeMap<usize, ReadyWorker>,
+    /// Why the pool is degraded, if it is.
+    pub degraded: Option<String>,
+    /// Why the pool cannot run on this machine, if so.
+    pub unavailable: Option<String>,
+    /// Replaced or removed by a reload: takes no new jobs.
+    pub retiring: bool,
+    /// Service-time estimates.
+    pub model: ServiceModel,
+    /// Jobs placed here, by route.
+    pub routed: RouteCounts,
+    /// Jobs that preferred this pool but went elsewhere.
+    pub spilled_out: u64,
+    /// Forwards that carried more than one job, and the jobs they carried.
+    pub batches: (u64, u64),
+    /// Jobs this pool's workers took from other pools' queues, and jobs others took from this one.
+    pub taken: (u64, u64),
+    /// Queue waits per job class.
+    pub waits: WaitLog,
+    /// The next arrival number.
+    next_seq: u64,
+}
+
+/// The forward a batch runs: all its rows, padded to its longest.
+pub fn forward_of(batch: &[Entry]) -> ForwardShape {
+    ForwardShape {
+        rows: batch.iter().map(|q| q.job.rows.len()).sum(),
+        padded_len: batch.iter().map(|q| q.forward.padded_len).max().unwrap_or(0),
+    }
+}
+
+impl State {
+    /// Queues `job` in `policy`'s order, or refuses it when `capacity` jobs already wait.
+    pub fn push(
+        &mut self,
+        job: Job,
+        forward: ForwardShape,
+        route: Route,
+        capacity: usize,
+        policy: &QueuePolicy,
+    ) -> Result<Answer, BackendError> {
+        if self.queue.len() >= capacity {
+            // By then what is queued here now has had time to run.
+            let retry_after = self.backlog().unwrap_or_default().max(Duration::from_secs(1));
+            return Err(BackendError::Overloaded { retry_after });
+        }
+        let (reply, receiver) = oneshot::channel();
+        let estimate = self.model.estimate(job.checkpoint, forward);
+        match route {
+            Route::Preferred => self.routed.preferred += 1,
+            Route::Spilled => self.routed.spilled += 1,
+            Route::Fallback => self.routed.fallback += 1,
+        }
+        let enqueued = Instant::now();
+        let priority = policy.priority(enqueued, estimate, job.deadline);
+        self.next_seq += 1;
+        self.insert(Entry {
+            job,
+            forward,
+            estimate,
+            enqueued,
+            priority,
+            seq: self.next_seq,
+            attempts: 0,
+            solo: false,
+            taken_over: None,
+            reply,
+        });
+        Ok(receiver)
+    }
+
+    /// Puts `entry` at its place in service order.
+    fn insert(&mut self, entry: Entry) {
+        let key = (entry.priority, entry.seq);
+        let at = self.queue.partition_point(|q| (q.priority, q.seq) < key);
+        self.queue.insert(at, entry);
+    }
+
+    /// The ready workers, each free after what its running forward is still expected to take. A
+    /// forward past its estimate is expected to take as long again as it has overrun (at least
+    /// 1 ms): a busy worker never looks free, and a stalled one looks ever busier.
+    fn timeline(&self) -> Option<Timeline> {
+        let now = Instant::now();
+        let left = |w: &usize| {
+            self.running.get(w).map_or(Duration::ZERO, |(started, estimate)| {
+                let elapsed = now.duration_since(*started);
+                match estimate.checked_sub(elapsed) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => (elapsed - *estimate).max(Duration::from_millis(1)),
+                }
+            })
+        };
+        Timeline::new(self.ready.keys().map(left).collect())
+    }
+
+    /// When a job of `priority` queued now would start: after the running forwards and the queued
+    /// jobs served before it. `None` without a ready worker.
+    pub fn start_for(&self, priority: Instant) -> Option<Duration> {
+        let mut timeline = self.timeline()?;
+        for q in self.queue.iter().take_while(|q| q.priority <= priority) {
+            timeline.book(q.estimate);
+        }
+        Some(timeline.next_start())
+    }
+
+    /// When a job queued behind everything would start; `None` without a ready worker.
+    pub fn backlog(&self) -> Option<Duration> {
+        let mut timeline = self.timeline()?;
+        for q in &self.queue {
+            timeline.book(q.estimate);
+        }
+        Some(timeline.next_start())
+    }
+
+    /// Forgets queued jobs nobody waits for any more: the client went away or its deadline passed
+    /// (request handling stopped waiting), so no forward is spent on them.
+    pub fn drop_abandoned(&mut self) {
+        self.queue.retain(|q| !q.reply.is_closed());
+    }
+
+    /// The queue positions of a batch led by the job at `first`, with the forward each needs:
+    /// later jobs of the same checkpoint that `forward` says fit (`None`: not here) join while
+    /// `limits` and the padding allow. A solo job runs alone.
+    fn batch_members(
+        &self,
+        first: usize,
+        head_forward: ForwardShape,
+        limits: &Capabilities,
+        forward: impl Fn(&Entry) -> Option<ForwardShape>,
+    ) -> Vec<(usize, ForwardShape)> {
+        let head = &self.queue[first];
+        let mut members = vec![(first, head_forward)];
+        let (mut rows, mut padded_len, mut needed) =
+            (head_forward.rows, head_forward.padded_len, head_forward.tokens());
+        if head.solo || limits.max_rows <= 1 {
+            return members;
+        }
+        for (pos, q) in self.queue.iter().enumerate().skip(first + 1) {
+            if q.job.checkpoint != head.job.checkpoint || q.solo || q.reply.is_closed() {
+                continue;
+            }
+            let Some(own) = forward(q) else { continue };
+            let len = padded_len.max(own.padded_len);
+            let total = rows + own.rows;
+            // Every row runs at the batch's length: padding short rows to a long one costs more
+            // than running them apart (a CPU forward's time grows with its tokens), so a job joins
+            // only while the batch stays within MAX_PADDING of the tokens its jobs need alone.
+            let within_padding = (total * len) as f64 <= (needed + own.tokens()) as f64 * (1.0 + MAX_PADDING);
+            if total <= limits.max_rows && total * len <= limits.max_batch_tokens && within_padding {
+                members.push((pos, own));
+                (rows, padded_len, needed) = (total, len, needed + own.tokens());
+            }
+        }
+        members
+    }
+
+    /// Removes the queue positions `members` (ascending), setting each job's forward; in order.
+    fn remove(&mut self, members: &[(usize, ForwardShape)]) -> Vec<Entry> {
+        // From the back, so earlier positions stay valid.
+        let mut batch: Vec<Entry> = members
+            .iter()
+            .rev()
+            .filter_map(|&(pos, forward)| {
+                let mut entry = self.queue.remove(pos)?;
+                entry.forward = forward;
+                Some(entry)
+            })
+            .collect();
+        batch.reverse();
+        batch
+    }
+
+    /// Records that `worker` starts `batch`: in flight, its expected time, its waits.
+    pub fn begin(&mut self, worker: usize, batch: &[Entry]) {
+        let now = Instant::now();
+        let forward = forward_of(batch);
+        if let Some(first) = batch.first() {
+            let estimate = self.model.estimate(first.job.checkpoint, forward);
+            self.running.insert(worker, (now, estimate));
+        }
+        self.in_flight += batch.len();
+        if batch.len() > 1 {
+            self.batches.0 += 1;
+            self.batches.1 += batch.len() as u64;
+        }
+        for q in batch.iter().filter(|q| q.attempts == 0 && !q.solo) {
+            self.waits.record(q.job.class(), now.duration_since(q.enqueued));
+        }
+    }
+
+    /// Takes the next batch `worker`, serving `checkpoints` within `limits`, can run, and records
+    /// that it started: the first job in service order for one of them, plus (when the worker
+    /// takes several rows) later jobs of the same checkpoint that fit beside it. `None` when there
+    /// is none, or when the first could still gain company within `batch_wait`.
+    pub fn take_batch(
+        &mut self,
+        worker: usize,
+        checkpoints: &[CheckpointName],
+        limits: &Capabilities,
+        batch_wait: Duration,
+    ) -> Option<Vec<Entry>> {
+        let first = self
+            .queue
+            .iter()
+            .position(|q| checkpoints.contains(&q.job.checkpoint))?;
+        let head = &self.queue[first];
+        let members = self.batch_members(first, head.forward, limits, |q| Some(q.forward));
+        let rows: usize = members.iter().map(|(_, f)| f.rows).sum();
+        if rows < limits.max_rows && !head.solo && head.enqueued.elapsed() < batch_wait {
+            return None;
+        }
+        let batch = self.remove(&members);
+        self.begin(worker, &batch);
+        Some(batch)
+    }
+
+    /// For an idle worker of another pool (`from` this one's name; it serves `checkpoints` within
+    /// `limits`, and `service` estimates a forward there): the first queued job it can hold that no
+    /// worker here would start at once and that it would finish strictly earlier than this pool,
+    /// plus later jobs that can share its forward there. Taken out of this queue.
+    pub fn take_for_peer(
+        &mut self,
+        from: &str,
+        checkpoints: &[CheckpointName],
+        limits: &Capabilities,
+        service: impl Fn(CheckpointName, ForwardShape) -> Duration,
+    ) -> Option<Vec<Entry>> {
+        let fits = |q: &Entry| limits.holds(JobShape::of(&q.job.rows)).ok();
+        // Where each job would start here, in service order; without a ready worker, never.
+        let mut timeline = self.timeline();
+        let mut head = None;
+        for (pos, q) in self.queue.iter().enumerate() {
+            let start = timeline.as_mut().map(|t| t.book(q.estimate));
+            if !checkpoints.contains(&q.job.checkpoint) || q.reply.is_closed() || start == Some(Duration::ZERO) {
+                continue;
+            }
+            let Some(forward) = fits(q) else { continue };
+            let finish_here = start.map(|s| s + q.estimate);
+            if finish_here.is_none_or(|f| service(q.job.checkpoint, forward) < f) {
+                head = Some((pos, forward, start));
+                break;
+            }
+        }
+        let (first, forward, would_start) = head?;
+        let members = self.batch_members(first, forward, limits, fits);
+        let mut batch = self.remove(&members);
+        for q in &mut batch {
+            q.estimate = service(q.job.checkpoint, q.forward);
+            q.taken_over = Some(TakenOver {
+                from: from.to_owned(),
+                would_start,
+            });
+        }
+        self.taken.1 += batch.len() as u64;
+        Some(batch)
+    }
+
+    /// How long until the first job for `checkpoints` has waited `batch_wait` (when a worker should
+    /// look again), if one waits.
+    pub fn batch_wait_left(&self, checkpoints: &[CheckpointName], batch_wait: Duration) -> Option<Duration> {
+        self.queue
+            .iter()
+            .find(|q| checkpoints.contains(&q.job.checkpoint))
+            .map(|q| batch_wait.saturating_sub(q.enqueued.elapsed()))
+    }
+
+    /// Puts `entries` back in the queue at their places in service order (a worker lost them, or
+    /// a batch failed and they run alone).
+    pub fn requeue(&mut self, entries: Vec<Entry>) {
+        for entry in entries {
+            self.insert(entry);
+        }
+    }
+
+    /// Empties the queue (shutdown), handing back what was waiting.
+    pub fn take_all(&mut self) -> Vec<Entry> {
+        self.queue.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

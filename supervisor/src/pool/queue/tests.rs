@@ -1,0 +1,451 @@
+//! The queue as plain data: service order, batches, the backlog and expected starts, refusals, and
+//! what an idle worker of another pool may take.
+
+use super::*;
+use laya::prompt::Row;
+use layad_config::{PoolConfig, QueueOrder};
+
+use crate::pool::estimate::WarmupPoint;
+
+const ENGLISH: CheckpointName = CheckpointName::English;
+const MS: Duration = Duration::from_millis(1);
+
+/// A job of one row per entry of `lengths`; its request id names the lengths.
+fn job(checkpoint: CheckpointName, lengths: &[usize]) -> Job {
+    Job {
+        request_id: format!("{lengths:?}"),
+        checkpoint,
+        rows: lengths
+            .iter()
+            .map(|&len| Row {
+                ids: vec![1; len],
+                markers: vec![0],
+                qtype: laya::question::QuestionType::Noul,
+            })
+            .collect(),
+        deadline: Instant::now() + Duration::from_secs(3600),
+    }
+}
+
+fn forward(job: &Job) -> ForwardShape {
+    let shape = JobShape::of(&job.rows);
+    ForwardShape {
+        rows: shape.questions,
+        padded_len: shape.longest,
+    }
+}
+
+fn policy(order: QueueOrder) -> QueuePolicy {
+    QueuePolicy { order, aging: 10.0 }
+}
+
+fn general() -> Capabilities {
+    Capabilities::from_config(&PoolConfig::named("general"))
+}
+
+fn short_pool() -> Capabilities {
+    let mut config = PoolConfig::named("short");
+    config.max_questions = Some(1);
+    config.max_tokens = Some(128);
+    Capabilities::from_config(&config)
+}
+
+/// A pool state whose forwards are estimated at `ms_per_token` per token (English), with `ready`
+/// idle workers.
+fn state(ms_per_token: f64, ready: usize) -> State {
+    let mut state = State::default();
+    state.model.seed(vec![WarmupPoint {
+        checkpoint: ENGLISH,
+        shape: ForwardShape {
+            rows: 1,
+            padded_len: 64,
+        },
+        steady_ms: 64.0 * ms_per_token,
+    }]);
+    for index in 0..ready {
+        state.ready.insert(
+            index,
+            ReadyWorker {
+                checkpoints: CheckpointName::ALL.to_vec(),
+                capabilities: general(),
+            },
+        );
+    }
+    state
+}
+
+/// Queues jobs of these lengths in `order`; the receivers keep the jobs wanted.
+fn queue(state: &mut State, order: QueueOrder, jobs: &[(CheckpointName, &[usize])]) -> Vec<Answer> {
+    jobs.iter()
+        .map(|(checkpoint, lengths)| {
+            let job = job(*checkpoint, lengths);
+            let forward = forward(&job);
+            state
+                .push(job, forward, Route::Preferred, 100, &policy(order))
+                .expect("queued")
+        })
+        .collect()
+}
+
+fn ids(entries: &[Entry]) -> Vec<&str> {
+    entries.iter().map(|q| q.job.request_id.as_str()).collect()
+}
+
+fn queued(state: &State) -> Vec<&str> {
+    state.queue.iter().map(|q| q.job.request_id.as_str()).collect()
+}
+
+#[test]
+fn batches_take_same_checkpoint_jobs_of_similar_length_only() {
+    let mut state = state(1.0, 1);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::Arrival,
+        &[
+            (ENGLISH, &[60]),
+            (CheckpointName::Multilingual, &[60]),
+            (ENGLISH, &[384]),
+            (ENGLISH, &[64, 50]),
+            (ENGLISH, &[70]),
+        ],
+    );
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
+    // 384 tokens would pad the others sixfold; 70 pads 4 rows of <= 64 by less than a quarter.
+    assert_eq!(ids(&batch), ["[60]", "[64, 50]", "[70]"]);
+    assert_eq!(queued(&state), ["[60]", "[384]"], "the rest keeps its order");
+    assert_eq!(state.batches, (1, 3));
+    assert!(state.running.contains_key(&0), "the worker is busy");
+    // One row per forward: no batching.
+    let mut one_row = general();
+    one_row.max_rows = 1;
+    let batch = state
+        .take_batch(1, &CheckpointName::ALL, &one_row, Duration::ZERO)
+        .expect("a batch");
+    assert_eq!(batch.len(), 1);
+    assert_eq!(state.in_flight, 4, "taken jobs count as in flight");
+}
+
+#[test]
+fn shortest_first_serves_later_short_jobs_before_an_earlier_long_one() {
+    let jobs: [(CheckpointName, &[usize]); 3] = [(ENGLISH, &[384]), (ENGLISH, &[120]), (ENGLISH, &[60])];
+    let mut one_row = general();
+    one_row.max_rows = 1;
+    let mut served = Vec::new();
+    for order in [QueueOrder::ShortestFirst, QueueOrder::Arrival] {
+        let mut state = state(1.0, 1);
+        let _answers = queue(&mut state, order, &jobs);
+        let mut ids = Vec::new();
+        while let Some(batch) = state.take_batch(0, &CheckpointName::ALL, &one_row, Duration::ZERO) {
+            ids.push(batch[0].job.request_id.clone());
+        }
+        served.push(ids);
+    }
+    assert_eq!(served[0], ["[60]", "[120]", "[384]"]);
+    assert_eq!(served[1], ["[384]", "[120]", "[60]"]);
+}
+
+#[test]
+fn a_lone_job_waits_for_company_only_within_the_batch_wait() {
+    let mut state = state(1.0, 1);
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, &[20])]);
+    let wait = Duration::from_secs(60);
+    assert!(state.take_batch(0, &CheckpointName::ALL, &general(), wait).is_none());
+    assert!(
+        state
+            .batch_wait_left(&CheckpointName::ALL, wait)
+            .is_some_and(|d| d > Duration::from_secs(59))
+    );
+    // A worker that does not serve the checkpoint never takes it.
+    assert!(
+        state
+            .take_batch(0, &[CheckpointName::Multilingual], &general(), Duration::ZERO)
+            .is_none()
+    );
+    let batch = state.take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO);
+    assert_eq!(batch.map(|b| b.len()), Some(1));
+}
+
+#[test]
+fn a_full_queue_refuses_with_the_backlog_as_retry_after_and_withdrawn_jobs_leave_it() {
+    // One token takes a second: each 10-token job is expected to take 10 s.
+    let mut state = state(1000.0, 1);
+    let job = job(ENGLISH, &[10]);
+    let forward = forward(&job);
+    let policy = policy(QueueOrder::ShortestFirst);
+    let kept = state
+        .push(job.clone(), forward, Route::Preferred, 2, &policy)
+        .expect("queued");
+    let withdrawn = state
+        .push(job.clone(), forward, Route::Spilled, 2, &policy)
+        .expect("queued");
+    match state.push(job, forward, Route::Fallback, 2, &policy) {
+        Err(BackendError::Overloaded { retry_after }) => {
+            assert!(retry_after > Duration::from_millis(19_900) && retry_after <= Duration::from_secs(20));
+        }
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+    assert_eq!(
+        (state.routed.preferred, state.routed.spilled, state.routed.fallback),
+        (1, 1, 0)
+    );
+    drop(withdrawn);
+    state.drop_abandoned();
+    assert_eq!(state.queue.len(), 1);
+    drop(kept);
+    state.drop_abandoned();
+    assert!(state.queue.is_empty());
+}
+
+#[test]
+fn expected_starts_book_running_and_earlier_queued_work_on_the_first_free_worker() {
+    let mut state = state(1.0, 2);
+    assert_eq!(State::default().backlog(), None, "no ready worker");
+    assert_eq!(state.backlog(), Some(Duration::ZERO), "idle");
+    // A forward expected to take an hour, just started, on worker 0; worker 1 is free.
+    state.running.insert(0, (Instant::now(), Duration::from_secs(3600)));
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[30]), (ENGLISH, &[50])],
+    );
+    // Both queued jobs go to worker 1, one after the other.
+    assert_eq!(state.backlog(), Some(80 * MS));
+    let now = Instant::now();
+    assert_eq!(state.start_for(now), Some(Duration::ZERO), "served before both");
+    assert_eq!(state.start_for(state.queue[0].priority), Some(30 * MS));
+    assert_eq!(state.start_for(now + Duration::from_secs(60)), Some(80 * MS));
+}
+
+#[test]
+fn starting_a_batch_records_its_expected_time_and_the_waits_per_class() {
+    let mut state = state(1.0, 1);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[60]), (ENGLISH, &[64])],
+    );
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("batch");
+    assert_eq!(
+        forward_of(&batch),
+        ForwardShape {
+            rows: 2,
+            padded_len: 64
+        }
+    );
+    assert_eq!(state.running[&0].1, 128 * MS, "2 rows of 64 tokens at 1 ms each");
+    let waits = state.waits.summary();
+    assert_eq!((waits.len(), waits[0].class.name(), waits[0].jobs), (1, "single-64", 2));
+    // A lost batch goes back in service order.
+    state.requeue(batch);
+    assert_eq!(queued(&state), ["[60]", "[64]"]);
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("batch");
+    assert_eq!(batch.len(), 2);
+}
+
+#[test]
+fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
+    // The general pool's one worker has a forward with 200 ms left; a long job and two short ones
+    // wait, in arrival order.
+    let mut general_state = state(1.0, 1);
+    general_state.running.insert(0, (Instant::now(), 200 * MS));
+    let _answers = queue(
+        &mut general_state,
+        QueueOrder::Arrival,
+        &[(ENGLISH, &[384]), (ENGLISH, &[60]), (ENGLISH, &[64])],
+    );
+    let peer_ms = |_: CheckpointName, f: ForwardShape| MS * f.tokens() as u32;
+    let taken = general_state
+        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms)
+        .expect("taken");
+    // The long job does not fit the short pool; both short ones share the peer's forward.
+    assert_eq!(ids(&taken), ["[60]", "[64]"]);
+    let over = taken[0].taken_over.as_ref().expect("marked");
+    assert_eq!(over.from, "general");
+    let would_start = over.would_start.expect("a ready worker");
+    assert!(would_start > 580 * MS && would_start <= 584 * MS, "{would_start:?}");
+    assert_eq!(taken[1].estimate, 64 * MS, "estimated on the peer");
+    assert_eq!(queued(&general_state), ["[384]"]);
+    assert_eq!(general_state.taken, (0, 2));
+    // Only one checkpoint served by the peer's worker: none of the others.
+    let _more = queue(
+        &mut general_state,
+        QueueOrder::Arrival,
+        &[(CheckpointName::Multilingual, &[60])],
+    );
+    assert!(
+        general_state
+            .take_for_peer("general", &[ENGLISH], &short_pool(), peer_ms)
+            .is_none()
+    );
+}
+
+#[test]
+fn a_peer_takes_nothing_a_free_worker_here_starts_at_once_or_it_would_finish_later() {
+    let peer_ms = |_: CheckpointName, f: ForwardShape| MS * f.tokens() as u32;
+    let mut idle = state(1.0, 1);
+    let _answers = queue(&mut idle, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
+    assert!(
+        idle.take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms)
+            .is_none(),
+        "the free worker here takes it"
+    );
+    let mut busy = state(1.0, 1);
+    busy.running.insert(0, (Instant::now(), 20 * MS));
+    let _answers = queue(&mut busy, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
+    let slow_peer = |_: CheckpointName, f: ForwardShape| 10 * MS * f.tokens() as u32;
+    assert!(
+        busy.take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer)
+            .is_none(),
+        "600 ms there against 80 ms here"
+    );
+    // Without a ready worker here, any capable peer is sooner.
+    let mut stalled = state(1.0, 0);
+    let _answers = queue(&mut stalled, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
+    let taken = stalled
+        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer)
+        .expect("taken");
+    assert_eq!(taken[0].taken_over.as_ref().map(|t| t.would_start), Some(None));
+}
+
+#[test]
+fn a_forward_past_its_estimate_keeps_its_worker_busy_for_as_long_again() {
+    let mut state = state(1.0, 1);
+    // Expected to take 100 ms, running for 400 ms: 300 ms overrun, so 300 ms more.
+    let started = Instant::now() - 400 * MS;
+    state.running.insert(0, (started, 100 * MS));
+    let backlog = state.backlog().expect("a ready worker");
+    assert!(backlog >= 300 * MS && backlog < 400 * MS, "{backlog:?}");
+    // Just at its estimate: busy for at least another millisecond, never "free now".
+    state.running.insert(0, (Instant::now(), Duration::ZERO));
+    assert!(state.backlog() >= Some(MS));
+}
+
+/// Queues `job` as `push` would had it arrived at `at` (a virtual clock), in `policy`'s order.
+fn arrive(state: &mut State, job: Job, at: Instant, policy: &QueuePolicy) -> Answer {
+    let forward = forward(&job);
+    let estimate = state.model.estimate(job.checkpoint, forward);
+    let (reply, receiver) = oneshot::channel();
+    state.next_seq += 1;
+    let entry = Entry {
+        priority: policy.priority(at, estimate, job.deadline),
+        job,
+        forward,
+        estimate,
+        enqueued: at,
+        seq: state.next_seq,
+        attempts: 0,
+        solo: false,
+        taken_over: None,
+        reply,
+    };
+    state.insert(entry);
+    receiver
+}
+
+/// One worker (one job per forward, each taking its estimate) serving a 30 ms job every 25 ms from
+/// 0 on and a 200 ms job arriving at 1 ms: more short work than the worker can do, so short jobs
+/// alone would keep it busy forever. Returns when the long job started (`None`: not within
+/// `horizon`) and the arrival times of the short jobs that started before it.
+fn long_job_under_a_stream_of_short_ones(policy: &QueuePolicy, horizon: Duration) -> (Option<Duration>, Vec<Duration>) {
+    let mut state = state(1.0, 1);
+    let mut one_row = general();
+    one_row.max_rows = 1;
+    let t0 = Instant::now() + Duration::from_secs(1);
+    let mut arrivals = std::iter::once((Duration::ZERO, 30))
+        .chain(std::iter::once((MS, 200)))
+        .chain((1..).map(|i| (i * 25 * MS, 30)))
+        .peekable();
+    let mut answers = Vec::new();
+    let mut free = Duration::ZERO;
+    let mut passed = Vec::new();
+    while free < horizon {
+        while let Some(&(at, len)) = arrivals.peek().filter(|(at, _)| *at <= free) {
+            answers.push(arrive(&mut state, job(ENGLISH, &[len]), t0 + at, policy));
+            arrivals.next();
+        }
+        let Some(batch) = state.take_batch(0, &CheckpointName::ALL, &one_row, Duration::ZERO) else {
+            // Idle until the next arrival.
+            free = arrivals.peek().map_or(horizon, |&(at, _)| at);
+            continue;
+        };
+        let entry = &batch[0];
+        if entry.job.rows[0].ids.len() == 200 {
+            return (Some(free), passed);
+        }
+        passed.push(entry.enqueued.duration_since(t0));
+        free += entry.estimate;
+    }
+    (None, passed)
+}
+
+#[test]
+fn aging_bounds_how_long_a_long_job_waits_behind_a_stream_of_short_ones() {
+    let horizon = Duration::from_secs(20);
+    let aging = policy(QueueOrder::ShortestFirst);
+    let (start, passed) = long_job_under_a_stream_of_short_ones(&aging, horizon);
+    let start = start.expect("the long job starts");
+    // Its priority: 10 × 200 ms after it arrived (at 2001 ms). Only short jobs whose own priority
+    // (arrival + 10 × 30 ms) comes earlier pass it: the 69 that arrived by 1700 ms, 2.07 s of work;
+    // none that arrived after it had waited 2 s. Unbounded short work delays it by at most that.
+    let aged = 2001 * MS;
+    assert!(passed.iter().all(|&at| at + 300 * MS < aged), "{passed:?}");
+    assert_eq!(passed.len(), 69);
+    assert_eq!(start, 69 * 30 * MS);
+    assert!(start <= aged + aged, "started after {start:?}");
+    // Without aging (a bound far beyond the horizon) it starves; in arrival order it goes first.
+    let no_aging = QueuePolicy {
+        order: QueueOrder::ShortestFirst,
+        aging: 1000.0,
+    };
+    assert_eq!(long_job_under_a_stream_of_short_ones(&no_aging, horizon).0, None);
+    let arrival = policy(QueueOrder::Arrival);
+    assert_eq!(
+        long_job_under_a_stream_of_short_ones(&arrival, horizon).0,
+        Some(30 * MS)
+    );
+}
+
+#[test]
+fn a_job_near_its_deadline_goes_before_shorter_ones_that_can_wait() {
+    let mut state = state(1.0, 1);
+    let aging = policy(QueueOrder::ShortestFirst);
+    let t0 = Instant::now() + Duration::from_secs(1);
+    let mut urgent = job(ENGLISH, &[200]);
+    // Due 300 ms after it arrives: it must start within 100 ms, before 10 × 200 ms of aging.
+    urgent.deadline = t0 + 300 * MS;
+    let _answers = [
+        arrive(&mut state, job(ENGLISH, &[30]), t0, &aging),
+        arrive(&mut state, urgent, t0 + MS, &aging),
+        arrive(&mut state, job(ENGLISH, &[40]), t0 + 2 * MS, &aging),
+    ];
+    assert_eq!(queued(&state), ["[200]", "[30]", "[40]"]);
+}
+
+#[test]
+fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
+    let mut state = state(1.0, 1);
+    let _answers = queue(
+        &mut state,
+        QueueOrder::ShortestFirst,
+        &[(ENGLISH, &[40]), (ENGLISH, &[44]), (ENGLISH, &[36]), (ENGLISH, &[120])],
+    );
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &short_pool(), Duration::ZERO)
+        .expect("a batch");
+    // Shortest first, and the three of similar length share a forward; 120 tokens would triple it.
+    assert_eq!(ids(&batch), ["[36]", "[40]", "[44]"]);
+    assert_eq!(
+        forward_of(&batch),
+        ForwardShape {
+            rows: 3,
+            padded_len: 44
+        }
+    );
+    assert_eq!(queued(&state), ["[120]"]);
+}
