@@ -161,6 +161,14 @@ fn peer_mismatch<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a
         if let Some(mismatch) = error.downcast_ref::<PeerMismatch>() {
             return Some(mismatch);
         }
+        // An io::Error's `source()` skips the error it wraps: look inside.
+        if let Some(mismatch) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<PeerMismatch>())
+        {
+            return Some(mismatch);
+        }
         source = error.source();
     }
     None

@@ -161,7 +161,7 @@ pub async fn supervise_task(
             return;
         }
         let started = Instant::now();
-        let failure = match crate::process::random_hex(16) {
+        let failure = match crate::process::nonce::random_hex(16) {
             Err(e) => Err(Failure::Crashed(format!("no random bytes for the worker's nonce: {e}"))),
             Ok(nonce) => {
                 let spec = worker_spec(&settings, &pool, index, generation, nonce);

@@ -5,11 +5,12 @@
 //! Layout: [`manager`] (one `supervise_task` per worker slot), [`worker_process`] (one child process:
 //! spawn with a cleaned environment and a fresh nonce, stop), [`logs`] (its stderr into our log),
 //! [`backoff`] (restart delays, crash loops), [`runtime_dir`] (this instance's private socket
-//! directory and the record `layad reload` finds it by).
+//! directory and the record `layad reload` finds it by), [`nonce`] (fresh random identifiers).
 
 pub mod backoff;
 pub mod logs;
 pub mod manager;
+pub mod nonce;
 pub mod runtime_dir;
 pub mod worker_process;
 
@@ -67,12 +68,6 @@ pub fn socket_base(config: &Config) -> PathBuf {
         .socket_dir(runtime_dir.as_deref(), nix::unistd::geteuid().as_raw())
 }
 
-/// `bytes` random bytes from the operating system, as lower-case hex.
-pub(crate) fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
-    let mut buffer = vec![0u8; bytes];
-    getrandom::fill(&mut buffer)?;
-    Ok(buffer.iter().map(|b| format!("{b:02x}")).collect())
-}
 
 /// The running worker side: pools, their scheduler, and one supervising task per worker slot.
 pub struct Workers {

@@ -56,7 +56,7 @@ impl RuntimeDir {
         };
         let base_fd = open_base(base)?;
         remove_dead_instances(base, &base_fd);
-        let random = crate::process::random_hex(4).map_err(|e| fail(format!("no random bytes: {e}")))?;
+        let random = crate::process::nonce::random_hex(4).map_err(|e| fail(format!("no random bytes: {e}")))?;
         let name = format!("{}-{random}", std::process::id());
         mkdirat(&base_fd, name.as_str(), Mode::S_IRWXU)
             .map_err(|e| fail(format!("cannot create the instance directory {name}: {e}")))?;
