@@ -16,7 +16,7 @@ pub mod goldens;
 pub mod http;
 
 pub use goldens::{deliberate_difference, fixture_json, json_differences};
-pub use http::{Framing, Request, Response, get, post_json, request, send};
+pub use http::{Framing, Request, Response, exchange_raw, get, post_json, request, send};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

@@ -53,6 +53,10 @@ enum ReadState {
     Body { left: u64 },
     /// After a chunked body's head: everything goes through (its response closes the connection).
     Passthrough,
+    /// Nothing more for hyper, which closes the connection once the stand-in's answer (marked
+    /// `Connection: close`) is written. Not end of stream: hyper drops a connection whose client
+    /// seems gone without answering.
+    Held,
     /// End of stream for hyper.
     Closed,
 }
@@ -158,6 +162,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
         loop {
             match this.state {
                 ReadState::Closed => return Poll::Ready(Ok(())),
+                ReadState::Held => return Poll::Pending,
                 ReadState::Head => {
                     if let Some(next) = this.examine_head() {
                         this.state = next;
@@ -175,7 +180,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
                         ReadState::Release { left: left - n, then }
                     } else {
                         match then {
-                            After::Close => ReadState::Closed,
+                            After::Close => ReadState::Held,
                             After::Body(Framing::Empty | Framing::Length(0)) => ReadState::Head,
                             After::Body(Framing::Length(len)) => ReadState::Body { left: len },
                             After::Body(Framing::Chunked) => ReadState::Passthrough,
@@ -338,7 +343,8 @@ mod tests {
         drop(client);
         let mut io = GuardedIo::new(server, Arc::clone(&connection));
         let mut read = Vec::new();
-        io.read_to_end(&mut read).await.expect("read");
+        // After a refusal nothing more comes, and no end of stream either.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(200), io.read_to_end(&mut read)).await;
         (read, connection, table)
     }
 

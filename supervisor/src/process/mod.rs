@@ -68,7 +68,6 @@ pub fn socket_base(config: &Config) -> PathBuf {
         .socket_dir(runtime_dir.as_deref(), nix::unistd::geteuid().as_raw())
 }
 
-
 /// The running worker side: pools, their scheduler, and one supervising task per worker slot.
 pub struct Workers {
     inner: Arc<Inner>,
