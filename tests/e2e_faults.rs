@@ -1,10 +1,12 @@
 //! Process faults for real: workers are SIGKILLed every few seconds while 32 clients keep sending
-//! requests, and no request is lost — every one is answered 200 with upstream's answer.
+//! requests, and no request is lost — every one is answered 200 with upstream's answer. A worker that
+//! exits saying it cannot run here (device unavailable, configuration refused) is not restarted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE};
 use layad_system_tests::{Server, fixture_json, get, json_differences, post_json};
 
 const CONFIG: &str = r#"
@@ -151,4 +153,65 @@ async fn killing_workers_under_load_loses_no_request() {
         "{}",
         server.log()
     );
+}
+
+/// Starts layad with one pool whose worker binary is a script that logs an error line as the real
+/// workers do and exits with `code`, counting its starts; returns `/health` once the pool is
+/// reported unavailable or its worker restarted three times, a second later, and the start count.
+async fn a_worker_exiting_with(code: i32) -> (serde_json::Value, usize) {
+    let fake = tempfile::tempdir().expect("tempdir");
+    let starts = fake.path().join("starts");
+    let script = format!(
+        "#!/bin/sh\necho start >> '{}'\necho '{{\"level\":\"ERROR\",\"fields\":{{\"message\":\"layad-worker-gpu failed\",\"error\":\"refuses with {code}\"}}}}' >&2\nexit {code}\n",
+        starts.display()
+    );
+    let binary = fake.path().join("layad-worker-gpu");
+    std::fs::write(&binary, script).expect("write fake worker");
+    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let config = "[[pool]]\nname = \"only\"\ndevice = \"cpu\"\n\n[workers]\nrestart_backoff_initial = \"100ms\"\n";
+    let binary_dir = fake.path().display().to_string();
+    let mut server = Server::start(config, &[("LAYAD_WORKERS__BINARY_DIR", &binary_dir)]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(response) = get(server.addr, "/health").await {
+            let health = response.json();
+            let pool = &health["pools"][0];
+            if pool["unavailable"].is_string() || pool["workers"][0]["restarts"].as_u64() >= Some(3) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no outcome within 60 s:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Long enough for several restarts at 100 ms backoff, had there been any.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let health = get(server.addr, "/health").await.expect("health").json();
+    let count = std::fs::read_to_string(&starts).unwrap_or_default().lines().count();
+    assert_eq!(
+        server.terminate(Duration::from_secs(30)).code(),
+        Some(0),
+        "{}",
+        server.log()
+    );
+    (health, count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_cannot_run_here_is_not_restarted_and_the_pool_says_why() {
+    for code in [EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE] {
+        let (health, starts) = a_worker_exiting_with(code).await;
+        let pool = &health["pools"][0];
+        assert_eq!(starts, 1, "exit {code} must not be restarted: {health}");
+        assert_eq!(
+            pool["unavailable"].as_str(),
+            Some(format!("layad-worker-gpu failed: refuses with {code}").as_str()),
+            "{health}"
+        );
+        assert_eq!(pool["workers"][0]["state"], "failed", "{health}");
+        assert_eq!(pool["workers"][0]["restarts"], 0, "{health}");
+    }
+    // The control: any other failure is a crash, restarted with backoff.
+    let (health, starts) = a_worker_exiting_with(1).await;
+    assert!(starts >= 4, "exit 1 is restarted: {starts} starts, {health}");
+    assert!(health["pools"][0]["unavailable"].is_null(), "{health}");
 }

@@ -12,7 +12,7 @@ use figment::{Figment, Metadata, Profile, Provider, Source};
 use laya::routing::CheckpointName;
 
 use crate::error::{ConfigError, Problem};
-use crate::schema::{ApiKey, CheckpointSource, Config, Device, Dtype, WorkerKind};
+use crate::schema::{AneExecutor, ApiKey, CheckpointSource, Config, Device, Dtype, WorkerKind};
 
 /// Prefix of the environment variables that override keys.
 pub const ENV_PREFIX: &str = "LAYAD_";
@@ -431,11 +431,17 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
                     ),
                 );
             }
-            if pool.dtype == Dtype::Bf16 {
-                report_pool(
+            match (pool.dtype, pool.executor) {
+                (Some(Dtype::Bf16), _) => report_pool(
                     "dtype",
                     "\"bf16\" does not apply to an \"ane\" pool: Core ML runs its graphs in f16; the candle executor takes \"f32\" or \"f16\"".into(),
-                );
+                ),
+                // The worker would refuse it at every start: catch it here, before any worker runs.
+                (Some(Dtype::F32), AneExecutor::Coreml) => report_pool(
+                    "dtype",
+                    "\"f32\" does not apply to an \"ane\" pool with executor \"coreml\": its Core ML graphs compute in f16; leave dtype out (f16), or set executor = \"candle\" to run the graphs in f32 on the CPU".into(),
+                ),
+                _ => {}
             }
             if pool.artifacts.is_none() {
                 report_pool(

@@ -227,9 +227,9 @@ pub struct PoolConfig {
     /// Compute threads per worker; 0 lets the workers share the cores.
     #[serde(default)]
     pub threads: u32,
-    /// Compute precision of the encoder.
-    #[serde(default)]
-    pub dtype: Dtype,
+    /// Compute precision of the encoder; absent = [`PoolConfig::effective_dtype`]'s default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
     /// Most rows in one forward pass.
     #[serde(default = "PoolConfig::default_max_rows")]
     pub max_rows: u32,
@@ -273,7 +273,7 @@ impl PoolConfig {
             device: Device::default(),
             workers: Self::default_workers(),
             threads: 0,
-            dtype: Dtype::default(),
+            dtype: None,
             max_rows: Self::default_max_rows(),
             max_batch_tokens: Self::default_max_batch_tokens(),
             queue_capacity: Self::default_queue_capacity(),
@@ -285,6 +285,16 @@ impl PoolConfig {
             artifacts: None,
             executor: AneExecutor::default(),
         }
+    }
+
+    /// The precision the workers are started with: `dtype` when given, else what the worker runs
+    /// by default: f32 for `gpu` pools (as upstream on the CPU), f16 for `ane` pools (the precision
+    /// of the Core ML graphs, which the candle executor then mirrors).
+    pub fn effective_dtype(&self) -> Dtype {
+        self.dtype.unwrap_or(match self.worker {
+            WorkerKind::Gpu => Dtype::F32,
+            WorkerKind::Ane => Dtype::F16,
+        })
     }
 
     fn default_workers() -> u32 {
@@ -401,11 +411,10 @@ impl Device {
 }
 
 /// Compute precision.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// 32-bit floats, as upstream computes on CPU.
-    #[default]
     F32,
     /// 16-bit floats.
     F16,

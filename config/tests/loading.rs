@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use laya::routing::CheckpointName;
 use layad_config::{
-    CheckpointSource, Config, ConfigError, Device, Flags, LogFormat, PoolConfig, Problem, Sources,
-    ignored_upstream_variables,
+    AneExecutor, CheckpointSource, Config, ConfigError, Device, Dtype, Flags, LogFormat, PoolConfig, Problem, Sources,
+    WorkerKind, ignored_upstream_variables,
 };
 
 fn examples_dir() -> PathBuf {
@@ -445,6 +445,7 @@ fn every_key() -> Vec<String> {
     config.pools[0].max_questions = Some(1);
     config.pools[0].max_tokens = Some(128);
     config.pools[0].artifacts = Some(PathBuf::from("a"));
+    config.pools[0].dtype = Some(Dtype::F16);
     let value = toml::Value::try_from(&config).expect("serializes");
     let mut keys = Vec::new();
     fn walk(prefix: &str, value: &toml::Value, keys: &mut Vec<String>) {
@@ -487,6 +488,32 @@ fn a_neural_engine_pool_needs_its_artifacts_and_no_device() {
     let error = load(Some(&file), &[]).expect_err("refused");
     let keys: Vec<&str> = error.problems().iter().map(|p| p.key.as_str()).collect();
     assert_eq!(keys, ["pool[0].device", "pool[0].artifacts"], "{error}");
+}
+
+#[test]
+fn a_neural_engine_pool_runs_f16_unless_told_and_refuses_f32_with_core_ml() {
+    // Without dtype an ane pool gets what its Core ML graphs compute in, not the gpu pools' f32 (which
+    // the worker refused at every start: a restart loop on a Mac).
+    let ane = "[[pool]]\nname = \"ane\"\nworker = \"ane\"\nartifacts = \"a\"\n";
+    let config = load(Some(&ConfigFile::new(ane)), &[]).expect("valid");
+    let pool = &config.pools[0];
+    assert_eq!((pool.worker, pool.dtype), (WorkerKind::Ane, None));
+    assert_eq!(pool.effective_dtype(), Dtype::F16);
+    assert_eq!(PoolConfig::named("gpu").effective_dtype(), Dtype::F32);
+
+    let problem = only_problem(load(Some(&ConfigFile::new(&format!("{ane}dtype = \"f32\"\n"))), &[]));
+    assert_eq!(problem.key, "pool[0].dtype");
+    assert!(
+        problem.message.contains("Core ML graphs compute in f16") && problem.message.contains("executor = \"candle\""),
+        "{problem}"
+    );
+    // The candle executor runs the same graphs in f32 on the CPU.
+    let candle = format!("{ane}dtype = \"f32\"\nexecutor = \"candle\"\n");
+    let config = load(Some(&ConfigFile::new(&candle)), &[]).expect("valid");
+    assert_eq!(
+        (config.pools[0].executor, config.pools[0].effective_dtype()),
+        (AneExecutor::Candle, Dtype::F32)
+    );
 }
 
 #[test]

@@ -40,3 +40,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// `layad-worker-ane` without Core ML): not a crash, so the supervisor reports the pool unavailable
 /// with the worker's last error line instead of restarting it. (BSD sysexits' `EX_UNAVAILABLE`.)
 pub const EXIT_DEVICE_UNAVAILABLE: i32 = 69;
+
+/// Exit status of a worker that refuses its command line as given (a precision its executor does
+/// not run, an empty bucket list): the same arguments fail the same way every time, so the
+/// supervisor reports the pool unavailable with the worker's last error line instead of restarting
+/// it. (BSD sysexits' `EX_CONFIG`.)
+pub const EXIT_CONFIG_REFUSED: i32 = 78;

@@ -311,7 +311,7 @@ fn check(args: CheckArgs) -> ExitCode {
             pool.workers,
             pool.worker.as_str(),
             pool.device.as_str(),
-            pool.dtype.as_str(),
+            pool.effective_dtype().as_str(),
             pool.threads,
             names.join(", ")
         );

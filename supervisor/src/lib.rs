@@ -158,7 +158,15 @@ async fn announce_ready_task(listen: SocketAddr, backend: Arc<dyn Backend>, chec
                 .pools
                 .iter()
                 .map(|p| {
-                    let mut devices: Vec<&str> = p.workers.iter().filter_map(|w| w.device.as_deref()).collect();
+                    // A CPU worker's device reads `cpu/avx2`: which SIMD kernels it chose at start-up.
+                    let mut devices: Vec<String> = p
+                        .workers
+                        .iter()
+                        .filter_map(|w| match (&w.device, &w.cpu_kernels) {
+                            (Some(device), Some(kernels)) => Some(format!("{device}/{kernels}")),
+                            (device, _) => device.clone(),
+                        })
+                        .collect();
                     devices.dedup();
                     format!("{} ({} x {})", p.name, p.workers.len(), devices.join("/"))
                 })

@@ -246,6 +246,27 @@ impl Collector for BackendCollector {
                 })
                 .collect(),
         )?;
+        gauge(
+            &mut encoder,
+            "layad_worker_cpu_kernels",
+            "1 per CPU worker, labelled with the SIMD kernels its matrix products run on",
+            pools
+                .iter()
+                .flat_map(|p| {
+                    p.workers.iter().filter_map(move |w| {
+                        let kernels = w.cpu_kernels.as_deref()?;
+                        Some((
+                            vec![
+                                ("pool", p.name.as_str()),
+                                ("worker", w.id.as_str()),
+                                ("kernels", kernels),
+                            ],
+                            1,
+                        ))
+                    })
+                })
+                .collect(),
+        )?;
         let counter_type = ConstCounter::new(0u64).metric_type();
         {
             let mut restarts = encoder.encode_descriptor(

@@ -228,7 +228,7 @@ mod tests {
         // A changed size together with another change replaces the pool.
         let mut both = two_pools();
         both.pools[1].workers = 2;
-        both.pools[1].dtype = layad_config::Dtype::F16;
+        both.pools[1].dtype = Some(layad_config::Dtype::F16);
         assert!(matches!(
             &super::plan(&running, &both).expect("plan").pools[1],
             PoolChange::Replace { pool, .. } if pool.workers == 2

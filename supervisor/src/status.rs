@@ -90,6 +90,9 @@ pub struct WorkerStatus {
     /// The parity gate it passed before it became ready, per checkpoint (workers that run a
     /// converted graph, such as `layad-worker-ane`); empty otherwise.
     pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
+    /// CPU workers: the SIMD kernels their matrix products run on (`avx512`, `avx2`, `gemm`), once
+    /// reported.
+    pub cpu_kernels: Option<String>,
 }
 
 impl WorkerStatus {
@@ -108,6 +111,7 @@ impl WorkerStatus {
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
             parity_gate: Vec::new(),
+            cpu_kernels: None,
         }
     }
 }

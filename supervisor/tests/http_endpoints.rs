@@ -375,6 +375,7 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "state",
             "device",
             "dtype",
+            "cpu_kernels",
             "checkpoints",
             "restarts",
             "last_exit",
@@ -389,8 +390,12 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
         (Some(4242), Some("ready"))
     );
     assert_eq!(
-        (worker["device"].as_str(), worker["dtype"].as_str()),
-        (Some("cpu"), Some("f32"))
+        (
+            worker["device"].as_str(),
+            worker["dtype"].as_str(),
+            worker["cpu_kernels"].as_str()
+        ),
+        (Some("cpu"), Some("f32"), Some("avx2"))
     );
     assert_eq!(worker["restarts"], 2);
     assert_eq!(worker["last_exit"], "killed by SIGKILL");

@@ -1,13 +1,15 @@
 //! `layad service install|uninstall|status` as steps: `--dry-run` prints the files and commands and
 //! touches nothing; a real user-scope install (into a temporary home, with `launchctl`/`systemctl`
 //! recorded instead of run) writes exactly what the dry run showed and runs the commands in order.
+//! A launchd reinstall against a stand-in `launchctl` process waits for the old job to be gone
+//! before it bootstraps, and over SSH (no GUI domain) stops before writing anything.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use layad::install::{
-    CommandOutput, Manager, ManagerCommand, Runner, Scope, ServiceError, ServiceOptions, Step, install, install_with,
-    render, status_with, uninstall_with,
+    CommandOutput, Manager, ManagerCommand, Runner, Scope, ServiceError, ServiceOptions, Step, SystemRunner, install,
+    install_with, render, status_with, uninstall_with,
 };
 
 /// Records commands and answers each with the exit code `fail` gives it (0 by default).
@@ -95,7 +97,9 @@ fn a_dry_run_prints_the_file_and_commands_and_changes_nothing() {
         );
         let expected_commands: &[&str] = match manager {
             Manager::Launchd => &[
+                "would run: launchctl print gui/501   (your login session's launchd domain must exist)",
                 "would run: launchctl bootout gui/501/ai.layad",
+                "would run: launchctl print gui/501/ai.layad   (until it fails: the old job has exited; at most 55 s)",
                 "would run: launchctl enable gui/501/ai.layad",
                 "would run: launchctl bootstrap gui/501 ",
             ],
@@ -181,9 +185,10 @@ fn a_systemd_user_install_writes_what_the_dry_run_showed() {
 fn a_launchd_agent_install_bootstraps_after_unloading_the_old_job() {
     let home = tempfile::tempdir().expect("tempdir");
     let options = options(Manager::Launchd, home.path(), false);
-    // bootout fails when no job is loaded (a first install): that must not stop the install.
+    // bootout fails when no job is loaded (a first install): that must not stop the install; then
+    // launchd does not know the job (113), so there is nothing to wait for.
     let mut recorder = Recorder {
-        fail: vec![("bootout", 3)],
+        fail: vec![("bootout", 3), ("print gui/501/ai.layad", 113)],
         ..Recorder::default()
     };
     install_with(&options, &mut recorder).expect("install");
@@ -196,7 +201,9 @@ fn a_launchd_agent_install_bootstraps_after_unloading_the_old_job() {
     assert_eq!(
         recorder.ran,
         [
+            "launchctl print gui/501".to_owned(),
             "launchctl bootout gui/501/ai.layad".to_owned(),
+            "launchctl print gui/501/ai.layad".to_owned(),
             "launchctl enable gui/501/ai.layad".to_owned(),
             format!("launchctl bootstrap gui/501 {}", plist.display()),
         ]
@@ -295,4 +302,124 @@ fn a_system_install_without_root_says_to_use_sudo_and_changes_nothing() {
         "{err}"
     );
     assert!(tree(home.path()).is_empty());
+}
+
+/// A stand-in for macOS's `launchctl`, keeping launchd's state in files beside it: `console` (user
+/// 501 is logged in at the screen, so gui/501 exists), `loaded` (the job is loaded) and `stopping`
+/// (how many more `print`s still find a job that bootout is stopping). Like launchd, bootstrap
+/// fails with error 5 while the old job is still stopping. Every call is appended to `calls`.
+const FAKE_LAUNCHCTL: &str = r#"#!/bin/sh
+dir="${0%/*}"
+echo "$*" >> "$dir/calls"
+stopping=$(cat "$dir/stopping" 2>/dev/null || echo 0)
+case "$1 $2" in
+"print gui/501")
+    [ -e "$dir/console" ] && exit 0
+    echo "Could not find domain for user gui: 501" >&2; exit 113 ;;
+"print gui/501/ai.layad")
+    if [ "$stopping" -gt 0 ]; then echo $((stopping - 1)) > "$dir/stopping"; echo "state = stopping"; exit 0; fi
+    [ -e "$dir/loaded" ] && { echo "state = running"; exit 0; }
+    echo 'Could not find service "ai.layad" in domain for user gui: 501' >&2; exit 113 ;;
+"bootout gui/501/ai.layad")
+    [ -e "$dir/loaded" ] || { echo "Boot-out failed: 3: No such process" >&2; exit 3; }
+    rm "$dir/loaded"; echo 3 > "$dir/stopping"; exit 0 ;;
+"enable gui/501/ai.layad") exit 0 ;;
+"bootstrap gui/501")
+    [ "$stopping" -gt 0 ] && { echo "Bootstrap failed: 5: Input/output error" >&2; exit 5; }
+    touch "$dir/loaded"; exit 0 ;;
+esac
+echo "unexpected: $*" >&2; exit 64
+"#;
+
+/// A directory holding the stand-in `launchctl` and its state.
+fn fake_launchctl() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let program = dir.path().join("launchctl");
+    std::fs::write(&program, FAKE_LAUNCHCTL).expect("write launchctl");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir
+}
+
+/// Runs commands with `dir` first on `PATH`.
+fn first_on_path(dir: &Path) -> SystemRunner {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path));
+    SystemRunner {
+        search_path: Some(std::env::join_paths(dirs).expect("PATH")),
+    }
+}
+
+fn calls(fake: &Path) -> Vec<String> {
+    std::fs::read_to_string(fake.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_launchd_reinstall_waits_for_the_old_job_before_bootstrapping() {
+    let fake = fake_launchctl();
+    std::fs::write(fake.path().join("console"), "").expect("console");
+    std::fs::write(fake.path().join("loaded"), "").expect("loaded");
+    let home = tempfile::tempdir().expect("tempdir");
+    let options = options(Manager::Launchd, home.path(), false);
+    let mut launchctl = first_on_path(fake.path());
+    install_with(&options, &mut launchctl).expect("reinstall");
+    let plist = home.path().join("Library/LaunchAgents/ai.layad.plist");
+    assert!(plist.is_file());
+    assert_eq!(
+        calls(fake.path()),
+        [
+            "print gui/501".to_owned(),
+            "bootout gui/501/ai.layad".to_owned(),
+            // Three answers "still stopping", then launchd no longer knows it.
+            "print gui/501/ai.layad".to_owned(),
+            "print gui/501/ai.layad".to_owned(),
+            "print gui/501/ai.layad".to_owned(),
+            "print gui/501/ai.layad".to_owned(),
+            "enable gui/501/ai.layad".to_owned(),
+            format!("bootstrap gui/501 {}", plist.display()),
+        ]
+    );
+    assert!(fake.path().join("loaded").exists(), "the new job is loaded");
+
+    // The stand-in is faithful: bootstrapping at once, as install used to, fails as launchd does.
+    std::fs::write(fake.path().join("stopping"), "3").expect("stopping");
+    let bootstrap = ManagerCommand {
+        program: "launchctl".to_owned(),
+        args: vec![
+            "bootstrap".to_owned(),
+            "gui/501".to_owned(),
+            plist.display().to_string(),
+        ],
+        must_succeed: true,
+    };
+    let output = launchctl.run(&bootstrap).expect("run");
+    assert_eq!(
+        (output.code, output.stderr.trim()),
+        (Some(5), "Bootstrap failed: 5: Input/output error")
+    );
+}
+
+#[test]
+fn over_ssh_a_launchd_agent_install_says_to_log_in_or_use_system_and_writes_nothing() {
+    // No console login: launchd has no gui/501 domain.
+    let fake = fake_launchctl();
+    let home = tempfile::tempdir().expect("tempdir");
+    let options = options(Manager::Launchd, home.path(), false);
+    let mut launchctl = first_on_path(fake.path());
+    let error = install_with(&options, &mut launchctl).expect_err("no GUI session");
+    assert!(matches!(error, ServiceError::Precondition { .. }), "{error:?}");
+    let message = error.to_string();
+    for needle in [
+        "launchd has no gui/501 domain",
+        "an SSH session has none",
+        "sudo layad service install --system",
+        "Could not find domain for user gui: 501",
+    ] {
+        assert!(message.contains(needle), "{needle:?} missing: {message}");
+    }
+    assert_eq!(calls(fake.path()), ["print gui/501"]);
+    assert!(tree(home.path()).is_empty(), "nothing written: {:?}", tree(home.path()));
 }

@@ -16,6 +16,7 @@ use layad_proto::{
 };
 use worker_gpu::Precision;
 use worker_gpu::device::CpuThreads;
+use worker_gpu::macos::MacosVersion;
 
 use crate::artifact::{self, Artifact, ArtifactError, Expected};
 use crate::executor::candle::CandleExecutor;
@@ -70,6 +71,14 @@ pub enum AneError {
         "--executor coreml: Core ML is not available on {0} (this build has no Core ML executor); run on macOS or use --executor candle"
     )]
     CoreMlUnavailable(&'static str),
+    /// This macOS is older than the Core ML graphs need.
+    #[error("--executor coreml: {0}")]
+    MacosTooOld(String),
+    /// `--device cpu` with Core ML, which is pinned to the CPU and Neural Engine.
+    #[error(
+        "--device cpu with --executor coreml: Core ML is pinned to the CPU and Neural Engine; use --executor candle for the CPU"
+    )]
+    CoreMlOnCpu,
     /// Nothing to serve.
     #[error("no checkpoint to load")]
     NoCheckpoints,
@@ -187,12 +196,14 @@ pub enum AneError {
 }
 
 impl AneError {
-    /// True when the device or its artifacts do not exist here (Core ML absent, artifacts missing,
-    /// graph not placed on the Neural Engine): the binary exits with `EXIT_DEVICE_UNAVAILABLE`.
+    /// True when the device or its artifacts do not exist here (Core ML absent, macOS too old,
+    /// artifacts missing, graph not placed on the Neural Engine): the binary exits with
+    /// `EXIT_DEVICE_UNAVAILABLE`.
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
             AneError::CoreMlUnavailable(_)
+                | AneError::MacosTooOld(_)
                 | AneError::MissingBucket { .. }
                 | AneError::Placement { .. }
                 | AneError::Artifact {
@@ -200,6 +211,54 @@ impl AneError {
                     ..
                 }
         )
+    }
+}
+
+impl AneError {
+    /// True when the command line asks for something this worker never runs (a precision its
+    /// executor lacks, Core ML on the CPU, no checkpoint or bucket, a name twice): the same
+    /// arguments fail the same way every time, so the binary exits with `EXIT_CONFIG_REFUSED`
+    /// and the supervisor does not restart it.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            AneError::Precision { .. }
+                | AneError::CoreMlOnCpu
+                | AneError::NoCheckpoints
+                | AneError::DuplicateName(_)
+                | AneError::NoBuckets(_)
+        )
+    }
+}
+
+impl AneOptions {
+    /// What can be refused before any checkpoint is opened, configuration first (it is wrong
+    /// everywhere), then the platform: the executor's precision, then Core ML's presence and the
+    /// macOS version (`os` and `macos` describe the machine; `None`: not known).
+    pub fn check(&self, os: &'static str, macos: Option<MacosVersion>) -> Result<(), AneError> {
+        let (executor, supported) = match self.executor {
+            ExecutorKind::CoreMl => ("coreml", [Precision::F16].as_slice()),
+            ExecutorKind::Candle => ("candle", [Precision::F16, Precision::F32].as_slice()),
+        };
+        if !supported.contains(&self.precision) {
+            return Err(AneError::Precision {
+                precision: self.precision,
+                executor,
+                supported: if executor == "coreml" { "f16 only" } else { "f16 or f32" },
+            });
+        }
+        if self.executor != ExecutorKind::CoreMl {
+            return Ok(());
+        }
+        if os != "macos" {
+            return Err(AneError::CoreMlUnavailable(os));
+        }
+        match macos {
+            Some(version) => version
+                .supports("the Core ML executor (artifacts converted for macOS 15)")
+                .map_err(AneError::MacosTooOld),
+            None => Ok(()),
+        }
     }
 }
 
@@ -264,23 +323,14 @@ fn probe_row(len: usize, vocab: usize) -> EngineRow {
 impl AneEngine {
     /// Admits and loads every `(name, location)` checkpoint from `options.artifacts`.
     pub fn load(checkpoints: &[(String, Location)], options: &AneOptions) -> Result<Self, AneError> {
-        if options.executor == ExecutorKind::CoreMl && !cfg!(target_os = "macos") {
-            return Err(AneError::CoreMlUnavailable(std::env::consts::OS));
-        }
+        options.check(std::env::consts::OS, MacosVersion::running())?;
         if checkpoints.is_empty() {
             return Err(AneError::NoCheckpoints);
         }
-        let (device, supported) = match options.executor {
-            ExecutorKind::CoreMl => ("ane", [Precision::F16].as_slice()),
-            ExecutorKind::Candle => ("cpu", [Precision::F16, Precision::F32].as_slice()),
+        let device = match options.executor {
+            ExecutorKind::CoreMl => "ane",
+            ExecutorKind::Candle => "cpu",
         };
-        if !supported.contains(&options.precision) {
-            return Err(AneError::Precision {
-                precision: options.precision,
-                executor: if device == "ane" { "coreml" } else { "candle" },
-                supported: if device == "ane" { "f16 only" } else { "f16 or f32" },
-            });
-        }
         let mut discovered = Vec::with_capacity(checkpoints.len());
         for (name, _) in checkpoints {
             if discovered.iter().any(|(n, _)| n == name) {
@@ -594,6 +644,53 @@ impl Engine for AneEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn options(executor: ExecutorKind, precision: Precision) -> AneOptions {
+        AneOptions {
+            artifacts: PathBuf::from("artifacts"),
+            executor,
+            precision,
+            buckets: None,
+            threads: None,
+            max_batch_tokens: 128,
+            cache_dir: PathBuf::from("cache"),
+        }
+    }
+
+    #[test]
+    fn configuration_is_refused_before_the_platform_and_never_restarted() {
+        let sequoia = Some(MacosVersion::new(15, 2));
+        let coreml_f32 = options(ExecutorKind::CoreMl, Precision::F32);
+        // Wrong on every machine, so refused as configuration even where Core ML is missing.
+        for (os, macos) in [("macos", sequoia), ("linux", None)] {
+            let error = coreml_f32.check(os, macos).expect_err("f32 with Core ML");
+            assert!(error.is_configuration() && !error.is_unavailable(), "{error}");
+            assert_eq!(error.to_string(), "--dtype f32: coreml runs f16 only");
+        }
+        let coreml = options(ExecutorKind::CoreMl, Precision::F16);
+        assert!(coreml.check("macos", sequoia).is_ok());
+        assert!(
+            coreml.check("macos", None).is_ok(),
+            "an unreadable version is not a refusal"
+        );
+        let error = coreml.check("linux", None).expect_err("no Core ML");
+        assert!(error.is_unavailable() && !error.is_configuration(), "{error}");
+        let error = coreml
+            .check("macos", Some(MacosVersion::new(14, 7)))
+            .expect_err("too old");
+        assert!(error.is_unavailable(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("needs macOS 15.0 or later; this is macOS 14.7"),
+            "{error}"
+        );
+        // candle runs anywhere, in either precision.
+        for precision in [Precision::F16, Precision::F32] {
+            assert!(options(ExecutorKind::Candle, precision).check("linux", None).is_ok());
+        }
+        assert!(AneError::CoreMlOnCpu.is_configuration());
+    }
 
     #[test]
     fn probe_rows_are_valid_for_their_bucket() {

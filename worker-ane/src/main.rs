@@ -9,17 +9,19 @@ use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
 use worker_ane::{AneEngine, AneError, AneOptions, ExecutorKind};
 use worker_gpu::Precision;
+use worker_gpu::macos::MacosVersion;
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket) from converted
 /// `bc1s-masked` artifacts, one row per prediction, padded to fixed length buckets. Binds the socket
 /// only after every checkpoint's artifacts are verified, warm and through the parity gate.
 ///
 /// `--device` takes auto, ane (Core ML) or cpu (candle): the executor decides what runs; a device it
-/// does not satisfy is reported as a mismatch in Describe, and `cpu` with Core ML is refused.
-/// `--dtype` takes auto (f16), f16, or f32 (candle only; Core ML graphs are FP16). `--length-buckets`
+/// does not satisfy is reported as a mismatch in Describe, and `cpu` with Core ML is refused (exit
+/// status 78). `--dtype` takes auto (f16), f16, or f32 (candle only; Core ML graphs are FP16, and f32
+/// with Core ML is refused with exit status 78). `--length-buckets`
 /// keeps only those buckets (default: every bucket present in the artifacts). The graphs are batch 1,
 /// so this worker reports one row per forward whatever `--max-rows` says, and caps
 /// `--max-batch-tokens` at its longest bucket.
@@ -76,6 +78,19 @@ fn default_cache_dir() -> PathBuf {
     base.unwrap_or_else(std::env::temp_dir).join("layad").join("ane")
 }
 
+/// `EXIT_DEVICE_UNAVAILABLE` or `EXIT_CONFIG_REFUSED` (the supervisor does not restart either),
+/// else 1.
+fn exit_status(error: &AneError) -> u8 {
+    let code = if error.is_unavailable() {
+        EXIT_DEVICE_UNAVAILABLE
+    } else if error.is_configuration() {
+        EXIT_CONFIG_REFUSED
+    } else {
+        1
+    };
+    u8::try_from(code).unwrap_or(1)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     check_device_and_dtype(&args.common);
@@ -85,20 +100,6 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     tracing::info!(?args, "layad-worker-ane starting");
-    let fail = |error: &dyn std::fmt::Display, code: u8| {
-        tracing::error!(%error, "layad-worker-ane failed");
-        ExitCode::from(code)
-    };
-    let unavailable = u8::try_from(EXIT_DEVICE_UNAVAILABLE).unwrap_or(1);
-    if args.executor == ExecutorKind::CoreMl && !cfg!(target_os = "macos") {
-        return fail(&AneError::CoreMlUnavailable(std::env::consts::OS), unavailable);
-    }
-    if args.executor == ExecutorKind::CoreMl && common.device == "cpu" {
-        return fail(
-            &"--device cpu with --executor coreml: Core ML is pinned to the CPU and Neural Engine; use --executor candle for the CPU",
-            2,
-        );
-    }
     if common.max_rows != 1 {
         tracing::info!(
             max_rows = common.max_rows,
@@ -119,6 +120,17 @@ fn main() -> ExitCode {
         max_batch_tokens: common.max_batch_tokens,
         cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
     };
+    // Refused before the harness starts, with the exit status that tells the supervisor whether a
+    // restart could help.
+    let refused = if args.executor == ExecutorKind::CoreMl && common.device == "cpu" {
+        Err(AneError::CoreMlOnCpu)
+    } else {
+        options.check(std::env::consts::OS, MacosVersion::running())
+    };
+    if let Err(error) = refused {
+        tracing::error!(%error, "layad-worker-ane failed");
+        return ExitCode::from(exit_status(&error));
+    }
     let checkpoints: Vec<(String, Location)> = common
         .checkpoints
         .iter()
@@ -128,10 +140,7 @@ fn main() -> ExitCode {
     let harness_options = HarnessOptions::from_args(common, format!("layad-worker-ane {}", env!("CARGO_PKG_VERSION")));
     let result = harness::run(load, harness_options);
     harness::exit_code("layad-worker-ane", result, |error| match error {
-        HarnessError::Load(error) => match error.downcast_ref::<AneError>() {
-            Some(ane) if ane.is_unavailable() => unavailable,
-            _ => 1,
-        },
+        HarnessError::Load(error) => error.downcast_ref::<AneError>().map_or(1, exit_status),
         _ => 1,
     })
 }

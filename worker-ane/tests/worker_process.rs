@@ -1,6 +1,7 @@
 //! The real `layad-worker-ane` binary as the supervisor starts it: ready with the candle executor
 //! (Describe shows the buckets, one row per forward and the parity gate), golden forwards over gRPC,
-//! rows no bucket holds refused, and exit status 69 where Core ML or the artifacts are missing.
+//! rows no bucket holds refused, exit status 69 where Core ML or the artifacts are missing, and 78
+//! for arguments it never runs.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use laya::answer::calibrated_probabilities;
 use layad_proto::pb::WorkerState;
-use layad_proto::{ClientError, EXIT_DEVICE_UNAVAILABLE, EngineRow, WorkerClient};
+use layad_proto::{ClientError, EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, EngineRow, WorkerClient};
 use layad_system_tests::capture_stderr;
 use layad_system_tests::goldens::golden_forwards;
 
@@ -274,6 +275,23 @@ fn coreml_on_linux_exits_69_with_the_reason_last() {
         last.contains("ERROR") && last.contains("Core ML is not available"),
         "{last}"
     );
+}
+
+#[test]
+fn arguments_it_never_runs_exit_78_with_the_reason_last_on_every_os() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let artifacts = common::artifacts(scratch.path());
+    // What an ane pool without dtype was started with before it defaulted to f16: Core ML graphs
+    // are FP16, so the supervisor must not restart this worker in a loop.
+    let (code, last) = Worker::start(&artifacts, &["--executor", "coreml", "--dtype", "f32"]).exit();
+    assert_eq!(code, Some(EXIT_CONFIG_REFUSED), "{last}");
+    assert!(
+        last.contains("ERROR") && last.contains("--dtype f32: coreml runs f16 only"),
+        "{last}"
+    );
+    let (code, last) = Worker::start(&artifacts, &["--executor", "coreml", "--device", "cpu"]).exit();
+    assert_eq!(code, Some(EXIT_CONFIG_REFUSED), "{last}");
+    assert!(last.contains("--device cpu with --executor coreml"), "{last}");
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::fmt;
 use candle_core::{DType, Device};
 use laya::config::AmpDtype;
 
+use crate::macos::MacosVersion;
+
 /// The device an operator asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceRequest {
@@ -121,20 +123,28 @@ impl SelectedDevice {
     /// Opens the requested device, falling back to the CPU (with the reason) when it is unavailable.
     /// `Auto` tries CUDA device 0, then Metal, and settles on the CPU without calling it a fallback.
     pub fn open(requested: DeviceRequest) -> Self {
+        Self::open_with(requested, &SystemMetal)
+    }
+
+    /// [`SelectedDevice::open`] with Metal discovered through `metal`.
+    pub fn open_with(requested: DeviceRequest, metal: &dyn MetalHost) -> Self {
         let (device, fallback) = match requested {
             DeviceRequest::Cpu => (Device::Cpu, None),
             DeviceRequest::Auto => {
-                let gpu = candle_core::utils::cuda_is_available()
+                let cuda = candle_core::utils::cuda_is_available()
                     .then(|| Device::new_cuda(0).ok())
-                    .flatten()
-                    .or_else(|| {
-                        candle_core::utils::metal_is_available()
-                            .then(|| Device::new_metal(0).ok())
-                            .flatten()
-                    });
+                    .flatten();
+                let gpu = cuda.or_else(|| {
+                    if !metal.compiled() {
+                        return None;
+                    }
+                    open_metal(metal)
+                        .inspect_err(|reason| tracing::warn!(%reason, "device auto: Metal unusable; running on cpu"))
+                        .ok()
+                });
                 (gpu.unwrap_or(Device::Cpu), None)
             }
-            DeviceRequest::Metal => match Device::new_metal(0) {
+            DeviceRequest::Metal => match open_metal(metal) {
                 Ok(device) => (device, None),
                 Err(e) => (Device::Cpu, Some(format!("metal unavailable ({e}); running on cpu"))),
             },
@@ -163,6 +173,62 @@ pub fn device_label(device: &Device) -> String {
         candle_core::DeviceLocation::Metal { .. } => "metal".to_owned(),
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
     }
+}
+
+/// What opening Metal needs to know about the machine: [`SystemMetal`] asks macOS and candle; tests
+/// describe machines this one is not (too old a macOS, no GPU).
+pub trait MetalHost {
+    /// Whether this build has candle's Metal backend (macOS builds only).
+    fn compiled(&self) -> bool;
+    /// The running macOS version, when known.
+    fn macos_version(&self) -> Option<MacosVersion>;
+    /// How many Metal devices the system has.
+    fn device_count(&self) -> usize;
+    /// Opens Metal device `ordinal`; called only for one that exists, on a new enough macOS.
+    fn open(&self, ordinal: usize) -> candle_core::Result<Device>;
+}
+
+/// The machine this process runs on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemMetal;
+
+impl MetalHost for SystemMetal {
+    fn compiled(&self) -> bool {
+        candle_core::utils::metal_is_available()
+    }
+
+    fn macos_version(&self) -> Option<MacosVersion> {
+        MacosVersion::running()
+    }
+
+    fn device_count(&self) -> usize {
+        // The list candle's `Device::new_metal` indexes into without a bounds check.
+        #[cfg(target_os = "macos")]
+        return candle_metal_kernels::metal::Device::all().len();
+        #[cfg(not(target_os = "macos"))]
+        0
+    }
+
+    fn open(&self, ordinal: usize) -> candle_core::Result<Device> {
+        Device::new_metal(ordinal)
+    }
+}
+
+/// Opens Metal device 0, or says why it cannot: no Metal in this build, a macOS older than
+/// [`MIN_MACOS`](crate::macos::MIN_MACOS), or no Metal device at all (a virtual machine, a CI
+/// runner). candle 0.11.1 panics in each of the last two cases (a missing Objective-C class,
+/// `Device::all().swap_remove(0)`), so they are ruled out before it is called.
+pub fn open_metal(host: &dyn MetalHost) -> Result<Device, String> {
+    if !host.compiled() {
+        return Err("this build has no Metal backend (macOS builds only)".to_owned());
+    }
+    if let Some(version) = host.macos_version() {
+        version.supports("Metal in this build (candle 0.11.1)")?;
+    }
+    if host.device_count() == 0 {
+        return Err("the system reports no Metal device (a virtual machine or CI runner without a GPU?)".to_owned());
+    }
+    host.open(0).map_err(|e| e.to_string())
 }
 
 /// A rayon pool of a fixed size that CPU forwards run in, so each worker process uses exactly the
@@ -244,6 +310,85 @@ mod tests {
                     .as_deref()
                     .is_some_and(|r| r.starts_with("metal unavailable"))
             );
+        }
+    }
+
+    /// A machine described by its Metal facts; `open` succeeds with the CPU device as a stand-in and
+    /// records that it was called.
+    struct Machine {
+        compiled: bool,
+        version: Option<MacosVersion>,
+        devices: usize,
+        opened: std::cell::Cell<bool>,
+    }
+
+    impl Machine {
+        fn new(version: Option<(u32, u32)>, devices: usize) -> Self {
+            Self {
+                compiled: true,
+                version: version.map(|(major, minor)| MacosVersion::new(major, minor)),
+                devices,
+                opened: std::cell::Cell::new(false),
+            }
+        }
+    }
+
+    impl MetalHost for Machine {
+        fn compiled(&self) -> bool {
+            self.compiled
+        }
+        fn macos_version(&self) -> Option<MacosVersion> {
+            self.version
+        }
+        fn device_count(&self) -> usize {
+            self.devices
+        }
+        fn open(&self, ordinal: usize) -> candle_core::Result<Device> {
+            assert!(ordinal < self.devices, "opened a device that does not exist");
+            self.opened.set(true);
+            Ok(Device::Cpu)
+        }
+    }
+
+    #[test]
+    fn metal_is_opened_only_on_a_new_enough_macos_with_a_device() {
+        let vm = Machine::new(Some((15, 1)), 0);
+        let error = open_metal(&vm).expect_err("no device");
+        assert!(error.contains("no Metal device"), "{error}");
+        let sonoma = Machine::new(Some((14, 6)), 1);
+        let error = open_metal(&sonoma).expect_err("too old");
+        assert!(
+            error.contains("needs macOS 15.0 or later; this is macOS 14.6"),
+            "{error}"
+        );
+        let linux = Machine {
+            compiled: false,
+            ..Machine::new(None, 0)
+        };
+        assert!(open_metal(&linux).expect_err("no metal").contains("no Metal backend"));
+        assert!(!vm.opened.get() && !sonoma.opened.get() && !linux.opened.get());
+
+        // A version that cannot be read does not stop a machine that has a device.
+        for machine in [Machine::new(Some((15, 0)), 1), Machine::new(None, 2)] {
+            assert!(open_metal(&machine).is_ok());
+            assert!(machine.opened.get());
+        }
+    }
+
+    #[test]
+    fn without_usable_metal_the_worker_runs_on_the_cpu_and_says_why() {
+        let vm = Machine::new(Some((15, 1)), 0);
+        let metal = SelectedDevice::open_with(DeviceRequest::Metal, &vm);
+        assert_eq!(metal.label(), "cpu");
+        let reason = metal.fallback.expect("a fallback");
+        assert!(
+            reason.starts_with("metal unavailable (the system reports no Metal device"),
+            "{reason}"
+        );
+        // auto settles on the CPU without calling it a fallback (it asked for nothing in particular).
+        if !candle_core::utils::cuda_is_available() {
+            let auto = SelectedDevice::open_with(DeviceRequest::Auto, &Machine::new(Some((14, 6)), 1));
+            assert_eq!((auto.label().as_str(), auto.fallback), ("cpu", None));
         }
     }
 

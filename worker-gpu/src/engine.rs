@@ -10,6 +10,7 @@ use layad_proto::{
 
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
+use crate::layers::cpu_matmul::CpuKernels;
 use crate::model::LayaModel;
 
 /// How the engine is set up.
@@ -23,6 +24,9 @@ pub struct EngineOptions {
     /// default, one per logical core. candle's own elementwise ops (adds, casts) run on a pool sized
     /// by `CANDLE_NUM_THREADS` (default: physical cores), which only the process environment sets.
     pub threads: Option<usize>,
+    /// CPU only: the SIMD kernels of the matrix products; `None`: the best this CPU has. Naming one
+    /// the CPU lacks fails the load.
+    pub cpu_kernels: Option<CpuKernels>,
     /// Most rows in one forward.
     pub max_rows: u32,
     /// Most tokens (sum of row lengths) in one forward.
@@ -38,6 +42,7 @@ impl Default for EngineOptions {
             device: DeviceRequest::Auto,
             precision: None,
             threads: None,
+            cpu_kernels: None,
             max_rows: DEFAULT_MAX_ROWS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             length_buckets: Vec::new(),
@@ -55,6 +60,8 @@ pub struct CandleEngine {
     device: SelectedDevice,
     precision: Precision,
     threads: Option<CpuThreads>,
+    /// The kernel family of CPU forwards (`None` on other devices).
+    cpu_kernels: Option<CpuKernels>,
     models: Vec<NamedModel>,
     max_rows: u32,
     max_batch_tokens: u32,
@@ -89,13 +96,32 @@ impl CandleEngine {
             (Some(n), true) => Some(CpuThreads::new(n).map_err(LoadError::Device)?),
             _ => None,
         };
+        let cpu_kernels = if device.device.is_cpu() {
+            let kernels = options.cpu_kernels.unwrap_or_else(CpuKernels::detect);
+            if !kernels.available() {
+                return Err(LoadError::Device(format!(
+                    "cpu_kernels = {kernels}: this CPU lacks them (it has {})",
+                    CpuKernels::detect()
+                )));
+            }
+            Some(kernels)
+        } else {
+            None
+        };
         let mut models = Vec::with_capacity(opened.len());
         for (name, checkpoint) in &opened {
-            let model = LayaModel::load(name, checkpoint, &device.device, precision.dtype())?;
+            let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
+            let load = || LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels);
+            // Packing runs on the engine's pool, like the forwards.
+            let model = match &threads {
+                Some(pool) => pool.run(load)?,
+                None => load()?,
+            };
             tracing::info!(
                 checkpoint = name,
                 device = %device.label(),
                 dtype = precision.as_str(),
+                cpu_kernels = cpu_kernels.map_or("-", CpuKernels::as_str),
                 sha256 = %checkpoint.weights.sha256,
                 "checkpoint loaded"
             );
@@ -114,6 +140,7 @@ impl CandleEngine {
             device,
             precision,
             threads,
+            cpu_kernels,
             models,
             max_rows: options.max_rows,
             max_batch_tokens: options.max_batch_tokens,
@@ -134,6 +161,11 @@ impl CandleEngine {
     /// The precision in use.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The SIMD kernels of CPU forwards (`None` on other devices).
+    pub fn kernels(&self) -> Option<CpuKernels> {
+        self.cpu_kernels
     }
 
     /// Size of the engine's own CPU thread pool, when one was asked for.
@@ -162,6 +194,10 @@ impl Engine for CandleEngine {
             max_batch_tokens: self.max_batch_tokens,
             length_buckets: self.length_buckets.clone(),
         }
+    }
+
+    fn cpu_kernels(&self) -> Option<String> {
+        self.cpu_kernels.map(|k| k.as_str().to_owned())
     }
 
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {

@@ -9,7 +9,7 @@ use laya::checkpoint::Location;
 use layad_proto::WorkerArgs;
 use layad_proto::harness::{self, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
 /// only after every checkpoint is loaded and warmed; exits on SIGTERM after answering the forwards it
@@ -20,10 +20,24 @@ struct Args {
     #[command(flatten)]
     common: WorkerArgs,
 
+    /// CPU kernels of matrix products and attention: auto (the best this CPU has: avx512, else
+    /// avx2), avx512, avx2, or gemm (candle's own matmul and composed ops). Naming kernels the CPU
+    /// lacks fails the start. The supervisor leaves it at auto.
+    #[arg(long, default_value = "auto", value_parser = parse_kernels)]
+    cpu_kernels: Kernels,
+
     /// Exit at start-up (non-zero) when the requested device is not available, instead of running on
     /// the CPU and reporting the mismatch in Describe.
     #[arg(long)]
     require_device: bool,
+}
+
+/// `--cpu-kernels`: `auto` leaves the choice to the engine.
+#[derive(Clone, Copy, Debug)]
+struct Kernels(Option<CpuKernels>);
+
+fn parse_kernels(text: &str) -> Result<Kernels, String> {
+    CpuKernels::parse(text).map(Kernels)
 }
 
 /// `--device` (auto: CUDA, then Metal, then CPU; cpu, metal, cuda or cuda:N) and `--dtype` (auto:
@@ -61,6 +75,7 @@ fn main() -> ExitCode {
         device,
         precision,
         threads: common.threads,
+        cpu_kernels: args.cpu_kernels.0,
         max_rows: common.max_rows,
         max_batch_tokens: common.max_batch_tokens,
         length_buckets: common.length_buckets.clone(),

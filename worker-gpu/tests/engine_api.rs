@@ -19,6 +19,7 @@ fn options() -> EngineOptions {
         device: DeviceRequest::Cpu,
         precision: None,
         threads: Some(1),
+        cpu_kernels: None,
         max_rows: 4,
         max_batch_tokens: 100,
         length_buckets: Vec::new(),

@@ -13,7 +13,7 @@ use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::question::QuestionType;
 use laya::routing::CheckpointName;
 use layad_proto::{Engine, EngineOutput, EngineRow};
-use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, LoadError, Precision};
 
 fn fixture_cache() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))
@@ -28,6 +28,14 @@ fn engine(precision: Precision) -> CandleEngine {
 }
 
 fn engine_with_buckets(precision: Precision, length_buckets: Vec<u32>) -> CandleEngine {
+    engine_with(precision, length_buckets, None).expect("load fixture checkpoints")
+}
+
+fn engine_with(
+    precision: Precision,
+    length_buckets: Vec<u32>,
+    cpu_kernels: Option<CpuKernels>,
+) -> Result<CandleEngine, LoadError> {
     let checkpoints: Vec<(String, Location)> = CheckpointName::ALL
         .iter()
         .map(|&name| (name.as_str().to_owned(), location(name)))
@@ -36,10 +44,11 @@ fn engine_with_buckets(precision: Precision, length_buckets: Vec<u32>) -> Candle
         device: DeviceRequest::Cpu,
         precision: Some(precision),
         threads: Some(2),
+        cpu_kernels,
         length_buckets,
         ..EngineOptions::default()
     };
-    CandleEngine::load(&checkpoints, options).expect("load fixture checkpoints")
+    CandleEngine::load(&checkpoints, options)
 }
 
 fn softmax(x: &[f32]) -> Vec<f32> {
@@ -117,6 +126,52 @@ fn f32_matches_upstream_on_every_golden_row() {
     });
     assert!(rows >= 150, "only {rows} golden rows");
     eprintln!("f32: {rows} rows, worst |Δlogit| {logit:e}, worst |Δact p| {act:e}");
+}
+
+/// The kernel family is chosen at run time; every one this CPU has, the AVX2 fallback forced even on
+/// an AVX-512 CPU and candle's own matmul included, answers every golden row like upstream and like
+/// the others. A family the CPU lacks is refused at load, naming it.
+#[test]
+fn every_cpu_kernel_family_answers_like_upstream() {
+    let mut reference: Option<Vec<EngineOutput>> = None;
+    let mut families = 0;
+    for kernels in [CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
+        if !kernels.available() {
+            let error = engine_with(Precision::F32, Vec::new(), Some(kernels))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(error.contains(&format!("cpu_kernels = {kernels}")), "{error}");
+            continue;
+        }
+        let mut engine = engine_with(Precision::F32, Vec::new(), Some(kernels)).expect("load");
+        assert_eq!(engine.kernels(), Some(kernels));
+        assert_eq!(
+            layad_proto::Engine::cpu_kernels(&engine).as_deref(),
+            Some(kernels.as_str())
+        );
+        let mut outputs = Vec::new();
+        let (logit, act, _) = run_goldens(&mut engine, |case, i, golden, out, _| {
+            let diff = max_abs_diff(&out.logits, &golden.logits)
+                .max(max_abs_diff(&out.act_probabilities, &golden.act_probabilities));
+            assert!(diff <= 1e-4, "{kernels} {case} row {i}: {diff}");
+            outputs.push(out.clone());
+        });
+        eprintln!("{kernels}: worst |Δlogit| {logit:e}, worst |Δact p| {act:e}");
+        if let Some(reference) = &reference {
+            for (ours, theirs) in outputs.iter().zip(reference) {
+                let diff = max_abs_diff(&ours.logits, &theirs.logits)
+                    .max(max_abs_diff(&ours.act_probabilities, &theirs.act_probabilities));
+                assert!(diff <= 1e-4, "{kernels} vs the first family: {diff}");
+            }
+        } else {
+            reference = Some(outputs);
+        }
+        families += 1;
+    }
+    // x86-64: AVX2 (at least) and gemm; elsewhere gemm alone.
+    let wanted = if cfg!(target_arch = "x86_64") { 2 } else { 1 };
+    assert!(families >= wanted, "only {families} kernel families ran");
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub(crate) struct Started {
     pub(crate) warmup: Vec<pb::WarmupTiming>,
     /// The engine's parity gate, if it ran one.
     pub(crate) parity: Option<pb::ParityGate>,
+    /// The engine's CPU kernel family, if it reports one.
+    pub(crate) cpu_kernels: Option<String>,
 }
 
 /// The answer to one batch.
@@ -123,6 +125,7 @@ where
         load_ms = loading.elapsed().as_secs_f64() * 1e3,
         device = %info.device,
         dtype = %info.dtype,
+        cpu_kernels = engine.cpu_kernels().as_deref().unwrap_or("-"),
         checkpoints = ?info.checkpoints.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         "engine loaded; warming up"
     );
@@ -135,7 +138,16 @@ where
         "warm-up done"
     );
     let parity = pb::ParityGate::from_reports(&engine.parity());
-    Ok((engine, Started { info, warmup, parity }))
+    let cpu_kernels = engine.cpu_kernels();
+    Ok((
+        engine,
+        Started {
+            info,
+            warmup,
+            parity,
+            cpu_kernels,
+        },
+    ))
 }
 
 fn serve_batches<E: Engine>(

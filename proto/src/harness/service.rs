@@ -64,6 +64,7 @@ impl Shared {
             failure: None,
             parity_gate: started.parity,
             spawn_nonce: options.spawn_nonce.clone(),
+            cpu_kernels: started.cpu_kernels,
         };
         Shared {
             status,

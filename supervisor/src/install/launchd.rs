@@ -2,6 +2,7 @@
 //! that load, unload and show the job, in the user's `gui/<uid>` domain or the `system` one.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use layad_config::Config;
 
@@ -33,12 +34,38 @@ fn launchctl(args: &[&str], must_succeed: bool) -> ManagerCommand {
     }
 }
 
+/// How much longer than its `ExitTimeOut` an old job may take to disappear from launchd.
+const GONE_MARGIN: Duration = Duration::from_secs(10);
+
+/// Before anything is written: a user agent needs the user's `gui/<uid>` domain, which exists only
+/// while the user is logged in at the Mac's screen; over SSH there is none, and bootstrap would fail
+/// after the files were written.
+pub(super) fn preconditions(options: &ServiceOptions) -> Vec<Step> {
+    if options.scope == Scope::System {
+        return Vec::new();
+    }
+    let domain = domain(options);
+    vec![Step::Require {
+        command: launchctl(&["print", &domain], true),
+        hint: format!(
+            "launchd has no {domain} domain: user {uid} is not logged in at this Mac's screen (an SSH session has none), and a launchd agent runs in that login session. Log in at the Mac (or through Screen Sharing) and run this again, or install a daemon that starts at boot instead: sudo layad service install --system",
+            uid = options.uid
+        ),
+    }]
+}
+
 /// After the plist at `file` is written: unload the old job first so the new plist takes effect
-/// (it may not be loaded), then enable and load it.
-pub(super) fn load_steps(options: &ServiceOptions, file: &str) -> Vec<Step> {
+/// (it may not be loaded), wait until it has stopped, then enable and load it.
+pub(super) fn load_steps(options: &ServiceOptions, config: &Config, file: &str) -> Vec<Step> {
     let target = target(options);
     vec![
         Step::Run(launchctl(&["bootout", &target], false)),
+        // bootout returns while the old layad may still be draining (up to its ExitTimeOut);
+        // bootstrapping meanwhile fails with "Bootstrap failed: 5: Input/output error".
+        Step::WaitUntilGone {
+            command: launchctl(&["print", &target], false),
+            timeout: Duration::from_secs(stop_timeout(config)) + GONE_MARGIN,
+        },
         Step::Run(launchctl(&["enable", &target], true)),
         Step::Run(launchctl(&["bootstrap", &domain(options), file], true)),
     ]

@@ -45,7 +45,7 @@ pub fn install(options: &ServiceOptions) -> Result<ServiceReport, ServiceError> 
     if !options.dry_run {
         native_only(options)?;
     }
-    install_with(options, &mut SystemRunner)
+    install_with(options, &mut SystemRunner::default())
 }
 
 /// [`install`] with commands run by `runner`.
@@ -53,10 +53,14 @@ pub fn install_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result
     let config = load_config(options)?;
     let path = options.service_file();
     let contents = contents(options, &config)?;
-    let mut steps = vec![Step::CreateDir {
+    let mut steps = match options.manager {
+        Manager::Launchd => launchd::preconditions(options),
+        Manager::Systemd => Vec::new(),
+    };
+    steps.push(Step::CreateDir {
         path: parent(&path),
         owner: None,
-    }];
+    });
     let account = options.run_as.clone().filter(|_| options.scope == Scope::System);
     match (options.manager, options.scope) {
         // launchd does not create the directory of StandardOutPath.
@@ -82,7 +86,7 @@ pub fn install_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Result
     });
     let file = path.display().to_string();
     steps.extend(match options.manager {
-        Manager::Launchd => launchd::load_steps(options, &file),
+        Manager::Launchd => launchd::load_steps(options, &config, &file),
         Manager::Systemd => systemd::load_steps(options),
     });
     let notes = install_notes(options, &config);
@@ -94,7 +98,7 @@ pub fn uninstall(options: &ServiceOptions) -> Result<ServiceReport, ServiceError
     if !options.dry_run {
         native_only(options)?;
     }
-    uninstall_with(options, &mut SystemRunner)
+    uninstall_with(options, &mut SystemRunner::default())
 }
 
 /// [`uninstall`] with commands run by `runner`.
@@ -117,7 +121,7 @@ pub fn uninstall_with(options: &ServiceOptions, runner: &mut dyn Runner) -> Resu
 /// Asks the manager about the service (`launchctl print` / `systemctl status`).
 pub fn status(options: &ServiceOptions) -> Result<ServiceStatus, ServiceError> {
     native_only(options)?;
-    status_with(options, &mut SystemRunner)
+    status_with(options, &mut SystemRunner::default())
 }
 
 /// Refuses to run another OS's manager commands here.

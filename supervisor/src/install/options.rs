@@ -214,6 +214,26 @@ pub enum ServiceError {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// A condition for installing does not hold (e.g. no launchd GUI session over SSH).
+    #[error("{hint}\n(`{command}` failed: {stderr})")]
+    Precondition {
+        /// The command that checked it.
+        command: String,
+        /// What it printed on stderr.
+        stderr: String,
+        /// What is wrong and what to do instead.
+        hint: String,
+    },
+    /// The old launchd job did not go away in time.
+    #[error(
+        "the old job is still there after {seconds} s (`{command}` still finds it): it has not finished stopping; run the install again once it has"
+    )]
+    StillThere {
+        /// The command that found it.
+        command: String,
+        /// How long it was waited for.
+        seconds: u64,
+    },
     /// A manager command that must succeed failed.
     #[error("`{command}` failed ({status}): {stderr}")]
     Command {

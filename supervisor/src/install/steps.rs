@@ -1,9 +1,11 @@
 //! What an operation does, as a list of [`Step`]s: create a directory, write or remove a file, run a
 //! `launchctl`/`systemctl` command. `--dry-run` prints them; otherwise [`perform`] does them in order.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::install::options::{Scope, ServiceError, ServiceOptions};
 
@@ -55,13 +57,24 @@ pub trait Runner {
     fn run(&mut self, command: &ManagerCommand) -> Result<CommandOutput, ServiceError>;
 }
 
-/// Runs commands as child processes.
+/// How often [`Step::WaitUntilGone`] asks again.
+const GONE_POLL: Duration = Duration::from_millis(250);
+
+/// Runs commands as child processes, found on `PATH`.
 #[derive(Debug, Default)]
-pub struct SystemRunner;
+pub struct SystemRunner {
+    /// `PATH` to find and run the commands with; `None`: layad's own. (Tests put a stand-in
+    /// `launchctl` first.)
+    pub search_path: Option<OsString>,
+}
 
 impl Runner for SystemRunner {
     fn run(&mut self, command: &ManagerCommand) -> Result<CommandOutput, ServiceError> {
-        let output = std::process::Command::new(&command.program)
+        let mut child = std::process::Command::new(&command.program);
+        if let Some(path) = &self.search_path {
+            child.env("PATH", path);
+        }
+        let output = child
             .args(&command.args)
             .output()
             .map_err(|source| ServiceError::Spawn {
@@ -100,6 +113,20 @@ pub enum Step {
     },
     /// Run a manager command.
     Run(ManagerCommand),
+    /// Stop, changing nothing, unless `command` succeeds; `hint` says what is wrong and what to do.
+    Require {
+        /// The check.
+        command: ManagerCommand,
+        /// What its failure means.
+        hint: String,
+    },
+    /// Run `command` until it fails (launchd no longer knows the old job), at most `timeout`.
+    WaitUntilGone {
+        /// The question (`launchctl print <domain>/<label>`).
+        command: ManagerCommand,
+        /// The longest wait.
+        timeout: Duration,
+    },
 }
 
 /// What an operation did, or would do with `--dry-run`.
@@ -139,6 +166,14 @@ impl fmt::Display for ServiceReport {
                 Step::Run(command) => {
                     writeln!(f, "{run}: {command}   (a failure here is expected if it is not loaded)")?
                 }
+                Step::Require { command, .. } => {
+                    writeln!(f, "{run}: {command}   (your login session's launchd domain must exist)")?
+                }
+                Step::WaitUntilGone { command, timeout } => writeln!(
+                    f,
+                    "{run}: {command}   (until it fails: the old job has exited; at most {} s)",
+                    timeout.as_secs()
+                )?,
             }
         }
         for note in &self.notes {
@@ -231,6 +266,28 @@ fn perform_step(step: &Step, runner: &mut dyn Runner) -> Result<(), ServiceError
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(path)(e)),
             _ => {}
         },
+        Step::Require { command, hint } => {
+            let output = runner.run(command)?;
+            if !output.success() {
+                return Err(ServiceError::Precondition {
+                    command: command.to_string(),
+                    stderr: output.stderr.trim().to_owned(),
+                    hint: hint.clone(),
+                });
+            }
+        }
+        Step::WaitUntilGone { command, timeout } => {
+            let started = Instant::now();
+            while runner.run(command)?.success() {
+                if started.elapsed() >= *timeout {
+                    return Err(ServiceError::StillThere {
+                        command: command.to_string(),
+                        seconds: timeout.as_secs(),
+                    });
+                }
+                std::thread::sleep(GONE_POLL);
+            }
+        }
         Step::Run(command) => {
             let output = runner.run(command)?;
             if command.must_succeed && !output.success() {
@@ -250,6 +307,50 @@ fn perform_step(step: &Step, runner: &mut dyn Runner) -> Result<(), ServiceError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Answers every command with `code`, counting them.
+    struct Always {
+        code: i32,
+        ran: usize,
+    }
+
+    impl Runner for Always {
+        fn run(&mut self, _: &ManagerCommand) -> Result<CommandOutput, ServiceError> {
+            self.ran += 1;
+            Ok(CommandOutput {
+                code: Some(self.code),
+                stdout: String::new(),
+                stderr: "Could not find domain for user gui: 501".to_owned(),
+            })
+        }
+    }
+
+    #[test]
+    fn waiting_for_the_old_job_gives_up_after_its_timeout_and_says_so() {
+        let command = ManagerCommand {
+            program: "launchctl".to_owned(),
+            args: vec!["print".to_owned(), "gui/501/ai.layad".to_owned()],
+            must_succeed: false,
+        };
+        let wait = Step::WaitUntilGone {
+            command,
+            timeout: Duration::from_secs(1),
+        };
+        let mut still_there = Always { code: 0, ran: 0 };
+        let started = Instant::now();
+        let error = perform_step(&wait, &mut still_there).expect_err("never gone");
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        assert!(still_there.ran >= 4, "asked {} times", still_there.ran);
+        assert!(
+            error.to_string().starts_with(
+                "the old job is still there after 1 s (`launchctl print gui/501/ai.layad` still finds it)"
+            ),
+            "{error}"
+        );
+        let mut gone = Always { code: 113, ran: 0 };
+        perform_step(&wait, &mut gone).expect("gone at once");
+        assert_eq!(gone.ran, 1);
+    }
 
     #[test]
     fn commands_print_as_a_shell_would_take_them() {

@@ -67,6 +67,8 @@ pub struct WorkerReport {
     pub warmup: Vec<WarmupReport>,
     /// The parity gate it passed, per checkpoint.
     pub parity_gate: Vec<pb::CheckpointParity>,
+    /// CPU workers: the SIMD kernels its matrix products run on.
+    pub cpu_kernels: Option<String>,
 }
 
 impl WorkerReport {
@@ -101,6 +103,7 @@ impl WorkerReport {
                 })
                 .collect(),
             parity_gate: info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default(),
+            cpu_kernels: info.cpu_kernels.clone(),
         }
     }
 
@@ -329,6 +332,7 @@ impl Pool {
             record.checkpoints = report.checkpoints;
             record.warmup = report.warmup;
             record.parity_gate = report.parity_gate;
+            record.cpu_kernels = report.cpu_kernels;
         }
         self.notify.notify_waiters();
         AdmittedWorker {

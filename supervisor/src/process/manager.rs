@@ -17,7 +17,7 @@ use laya::routing::CheckpointName;
 use layad_config::Config;
 use layad_proto::client::{ClientError, WorkerClient};
 use layad_proto::logging::LogFormat;
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, SpawnedWorker, WorkerArgs, pb};
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, SpawnedWorker, WorkerArgs, pb};
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::worker_task::worker_task;
@@ -87,7 +87,7 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
             .map(|(name, dir)| (name.as_str().to_owned(), dir.clone()))
             .collect(),
         device: config.device.as_str().to_owned(),
-        dtype: config.dtype.as_str().to_owned(),
+        dtype: config.effective_dtype().as_str().to_owned(),
         threads: (config.threads > 0).then_some(config.threads as usize),
         max_rows: config.max_rows,
         max_batch_tokens: config.max_batch_tokens,
@@ -138,8 +138,8 @@ async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerCli
 enum Failure {
     /// It crashed or failed to start: restart it.
     Crashed(String),
-    /// It exited with [`EXIT_DEVICE_UNAVAILABLE`]: its device does not exist here; restarting
-    /// cannot help.
+    /// It exited with [`EXIT_DEVICE_UNAVAILABLE`] (its device does not exist here) or
+    /// [`EXIT_CONFIG_REFUSED`] (it refused its arguments): restarting cannot help.
     Unavailable(String),
 }
 
@@ -172,7 +172,7 @@ pub async fn supervise_task(
             Ok(()) => return,
             Err(Failure::Crashed(failure)) => failure,
             Err(Failure::Unavailable(reason)) => {
-                tracing::error!(worker = %id, %reason, "the pool's device is not available on this machine; not restarting it");
+                tracing::error!(worker = %id, %reason, "the worker cannot run here as configured; not restarting it");
                 pool.update_worker(index, |w| {
                     w.state = WorkerState::Failed;
                     w.last_error = Some(reason.clone());
@@ -246,9 +246,8 @@ async fn run_once(
         ready = tokio::time::timeout(settings.startup_timeout, wait_ready(&spec.socket, &spawned)) => ready,
         status = process.wait() => {
             let _ = logs.await;
-            if matches!(&status, Ok(s) if s.code() == Some(EXIT_DEVICE_UNAVAILABLE)) {
-                let reason = last_error_message(&tail.lines())
-                    .unwrap_or_else(|| "the worker reported its device unavailable".to_owned());
+            if let Some(what) = status.as_ref().ok().and_then(|s| will_not_start(s.code())) {
+                let reason = last_error_message(&tail.lines()).unwrap_or_else(|| what.to_owned());
                 crashed(status, "");
                 return Err(Failure::Unavailable(reason));
             }
@@ -288,7 +287,7 @@ async fn run_once(
     if report.device_mismatch {
         tracing::warn!(%worker, requested = %report.requested_device, device = %report.device, "worker runs on another device than configured");
     }
-    tracing::info!(%worker, pid, device = %report.device, dtype = %report.dtype, "worker ready");
+    tracing::info!(%worker, pid, device = %report.device, dtype = %report.dtype, cpu_kernels = report.cpu_kernels.as_deref().unwrap_or("-"), "worker ready");
     let (retired, dead) = (CancellationToken::new(), CancellationToken::new());
     // Whatever happens below, the serving task must not outlive this process.
     let _retired_guard = retired.clone().drop_guard();
@@ -337,6 +336,16 @@ async fn run_once(
     }
 }
 
+/// For an exit code that says restarting cannot help, what it means (the reason when the worker
+/// logged none); `None` for a crash.
+fn will_not_start(code: Option<i32>) -> Option<&'static str> {
+    match code? {
+        EXIT_DEVICE_UNAVAILABLE => Some("the worker reported its device unavailable"),
+        EXIT_CONFIG_REFUSED => Some("the worker refused its configuration"),
+        _ => None,
+    }
+}
+
 /// The message of the last error a worker logged (its JSON lines), e.g. why its device is missing.
 fn last_error_message(lines: &[String]) -> Option<String> {
     lines.iter().rev().find_map(|line| {
@@ -369,5 +378,15 @@ mod tests {
             Some("cannot start: Core ML is not available")
         );
         assert_eq!(last_error_message(&lines[..1]), None);
+    }
+
+    #[test]
+    fn device_and_configuration_refusals_are_not_restarted_and_crashes_are() {
+        assert!(will_not_start(Some(EXIT_DEVICE_UNAVAILABLE)).is_some());
+        assert!(will_not_start(Some(EXIT_CONFIG_REFUSED)).is_some());
+        // A panic (101), a plain failure (1), a usage error (2) and a signal (no code) are retried.
+        for code in [Some(101), Some(1), Some(2), None] {
+            assert_eq!(will_not_start(code), None, "{code:?}");
+        }
     }
 }

@@ -171,6 +171,7 @@ impl Backend for GoldenBackend {
             stderr_tail: vec!["worker: bye".into()],
             warmup: Vec::new(),
             parity_gate: Vec::new(),
+            cpu_kernels: ready.then(|| "avx2".to_owned()),
         };
         BackendStatus {
             pools: vec![PoolStatus {

@@ -1,10 +1,12 @@
-//! Supervisor overhead and HTTP throughput, side by side with upstream `laya-serve` on the same
-//! checkpoint files in the same run. Prints a table and writes JSON (docs/benchmarks.md has results).
+//! The served path, side by side: layad and upstream `laya-serve` 0.3.20 up at once on the same
+//! checkpoint files, requests interleaved A/B/B/A per shape so the machine's drift hits both alike.
+//! Prints tables (per-server p50/p90 and the median per-pair ratio; answers/s at 1–8 clients) and
+//! writes JSON with the CPU model and flags. Results and commands are in docs/benchmarks.md.
 //!
-//! Overhead = client-measured latency of a single-question ~64-token request at concurrency 1 minus
-//! the worker's own forward time (`Server-Timing: device`). Throughput = answers per second with
-//! 1, 2, 4, 8 clients sending back to back.
+//! Shapes: 1 question of ~64 tokens, 1 question of `max_len` (512) tokens, 3 questions of ~58 tokens
+//! each (~174 in the batch). Every shape's answers are compared between the two servers first.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -17,32 +19,45 @@ use serde_json::{Value, json};
 
 #[derive(Parser)]
 struct Args {
-    /// A checkpoint directory (e.g. one `layad-bench` wrote: target/bench/modernbert-large).
-    #[arg(long, default_value = "target/bench/modernbert-large")]
+    /// A checkpoint directory (`layad-bench` writes the full-size ModernBERT-large one).
+    #[arg(long, default_value = "target/bench/modernbert-large-v50368")]
     checkpoint: PathBuf,
-    /// Sequential requests for the overhead measurement.
-    #[arg(long, default_value_t = 100)]
-    requests: usize,
-    /// Seconds per concurrency level.
+    /// Request pairs per shape (each pair: one request to each server, the order alternating).
+    #[arg(long, default_value_t = 20)]
+    pairs: usize,
+    /// Shapes to time: short (1 question, ~64 tokens), long (1 question, max_len tokens), three
+    /// (3 questions, ~174 tokens).
+    #[arg(long, value_delimiter = ',', default_value = "short,long,three")]
+    shapes: Vec<String>,
+    /// Seconds per server and concurrency level, run twice per server (A/B/B/A).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Concurrency levels.
+    /// Concurrency levels for the throughput table (empty: skip it).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     concurrency: Vec<usize>,
-    /// Compute threads (layad's worker and upstream's torch).
+    /// Compute threads of each server (layad's worker, upstream's torch).
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Python with `laya[serve]==0.3.20` installed (empty: skip upstream).
+    /// layad's pool dtype (`f32`, `bf16`, `int8`, ...).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// layad's pool `batch_wait` (e.g. `2ms`); unset: the config default.
+    #[arg(long)]
+    batch_wait: Option<String>,
+    /// Python with `laya[serve]==0.3.20` (tools/bench/upstream-venv.sh); its `laya-serve` sits beside it.
     #[arg(long, default_value = "/work/upstream-venv/bin/python")]
     upstream_python: String,
+    /// `LAYA_CPU_AMP` for upstream (e.g. `bf16`); unset: upstream's f32.
+    #[arg(long)]
+    upstream_amp: Option<String>,
     /// Where the JSON goes.
-    #[arg(long, default_value = "target/bench/http.json")]
+    #[arg(long, default_value = "target/bench/served.json")]
     out: PathBuf,
 }
 
 /// A fake HF home whose bundle root (`english`) is `checkpoint`, so upstream loads the same files.
-fn fake_hf_home(checkpoint: &Path) -> tempfile::TempDir {
-    let home = tempfile::tempdir().expect("tempdir");
+fn fake_hf_home(checkpoint: &Path) -> Result<tempfile::TempDir, String> {
+    let home = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
     let repo = home.path().join("hub/models--convaiinnovations--laya");
     let revision = "0000000000000000000000000000000000000bec";
     let snapshot = repo.join("snapshots").join(revision);
@@ -54,34 +69,123 @@ fn fake_hf_home(checkpoint: &Path) -> tempfile::TempDir {
         "tokenizer/tokenizer_config.json",
     ] {
         let target = snapshot.join(file);
-        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
-        let source = std::fs::canonicalize(checkpoint.join(file))
-            .unwrap_or_else(|e| panic!("{}: {e}", checkpoint.join(file).display()));
-        std::os::unix::fs::symlink(source, target).expect("symlink");
-    }
-    std::fs::create_dir_all(repo.join("refs")).expect("refs");
-    std::fs::write(repo.join("refs/main"), revision).expect("refs/main");
-    home
-}
-
-/// A state whose single noul row is about 64 tokens long on `addr`'s checkpoint.
-async fn body_of_about_64_tokens(addr: std::net::SocketAddr) -> (String, u64) {
-    let mut words = 4;
-    loop {
-        let state = "please refund the order ".repeat(words);
-        let body = json!({"state": state.trim_end(), "questions": {"q": {"type": "noul", "instructions": "Is this a refund request?"}}}).to_string();
-        let response = post_json(addr, "/v1/systemone", body.as_bytes()).await.expect("probe");
-        assert_eq!(response.status, 200, "{}", response.text());
-        let tokens = response.json()["usage"]["input_tokens"].as_u64().expect("input_tokens");
-        if tokens >= 60 || words > 64 {
-            return (body, tokens);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         }
-        words += 1;
+        let source = std::fs::canonicalize(checkpoint.join(file))
+            .map_err(|e| format!("{}: {e}", checkpoint.join(file).display()))?;
+        std::os::unix::fs::symlink(source, &target).map_err(|e| format!("{}: {e}", target.display()))?;
+    }
+    std::fs::create_dir_all(repo.join("refs")).map_err(|e| format!("refs: {e}"))?;
+    std::fs::write(repo.join("refs/main"), revision).map_err(|e| format!("refs/main: {e}"))?;
+    Ok(home)
+}
+
+/// One request shape with its body, built by growing the state until the rows have the wanted length.
+struct Shape {
+    name: &'static str,
+    label: String,
+    body: Arc<String>,
+    input_tokens: u64,
+}
+
+fn body(words: usize, questions: usize) -> String {
+    let state = "please refund the order ".repeat(words);
+    let mut qs = serde_json::Map::new();
+    for q in 0..questions {
+        qs.insert(
+            format!("q{q}"),
+            json!({"type": "noul", "instructions": format!("Is this a refund request ({q})?")}),
+        );
+    }
+    json!({"state": state.trim_end(), "questions": qs}).to_string()
+}
+
+/// Input tokens layad counts for `body` (the two servers are checked to agree later).
+async fn input_tokens(addr: SocketAddr, body: &str) -> Result<u64, String> {
+    let response = post_json(addr, "/v1/systemone", body.as_bytes())
+        .await
+        .map_err(|e| format!("probe: {e}"))?;
+    if response.status != 200 {
+        return Err(format!("probe answered {}: {}", response.status, response.text()));
+    }
+    response.json()["usage"]["input_tokens"]
+        .as_u64()
+        .ok_or_else(|| "probe: no usage.input_tokens".to_owned())
+}
+
+/// The smallest state (in repeated phrases) whose `questions` rows reach `tokens_per_row` each;
+/// rows stop growing at `max_len`, where upstream truncates the state.
+async fn shape(addr: SocketAddr, name: &'static str, questions: usize, tokens_per_row: u64) -> Result<Shape, String> {
+    let (mut low, mut high) = (1usize, 2usize);
+    while input_tokens(addr, &body(high, questions)).await? < tokens_per_row * questions as u64 {
+        low = high;
+        high *= 2;
+        if high > 4096 {
+            break;
+        }
+    }
+    while low < high {
+        let mid = (low + high) / 2;
+        if input_tokens(addr, &body(mid, questions)).await? >= tokens_per_row * questions as u64 {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    let text = body(high, questions);
+    let input_tokens = input_tokens(addr, &text).await?;
+    Ok(Shape {
+        name,
+        label: format!(
+            "{questions} question{}, {input_tokens} tokens",
+            if questions == 1 { "" } else { "s" }
+        ),
+        body: Arc::new(text),
+        input_tokens,
+    })
+}
+
+/// Largest |difference| between numbers at the same place in two JSON answers, or an error naming
+/// the first structural difference (another label, another key).
+fn answer_difference(a: &Value, b: &Value, path: &str) -> Result<f64, String> {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+            Ok((x - y).abs())
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            if x.keys().ne(y.keys()) {
+                return Err(format!("{path}: keys differ"));
+            }
+            x.iter().try_fold(0f64, |worst, (k, v)| {
+                Ok(worst.max(answer_difference(v, &y[k], &format!("{path}.{k}"))?))
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .try_fold(0f64, |worst, (p, q)| Ok(worst.max(answer_difference(p, q, path)?))),
+        _ if a == b => Ok(0.0),
+        _ => Err(format!("{path}: {a} vs {b}")),
     }
 }
 
-/// Answers per second with `clients` clients for `seconds`.
-async fn throughput(addr: std::net::SocketAddr, body: Arc<String>, clients: usize, seconds: u64) -> (f64, usize) {
+/// One timed request: milliseconds, and layad's device time when the server reports one.
+async fn timed(addr: SocketAddr, body: &str) -> Result<(f64, Option<f64>), String> {
+    let start = Instant::now();
+    let response = post_json(addr, "/v1/systemone", body.as_bytes())
+        .await
+        .map_err(|e| format!("request to {addr}: {e}"))?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if response.status != 200 {
+        return Err(format!("{addr} answered {}: {}", response.status, response.text()));
+    }
+    Ok((ms, server_timing(response.header("server-timing"), "device")))
+}
+
+/// Answers per second with `clients` clients for `seconds`, and the number of failed requests.
+async fn throughput(addr: SocketAddr, body: Arc<String>, clients: usize, seconds: u64) -> (usize, f64, usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let (done, errors) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let start = Instant::now();
@@ -108,15 +212,19 @@ async fn throughput(addr: std::net::SocketAddr, body: Arc<String>, clients: usiz
     for task in tasks {
         let _ = task.await;
     }
+    // Answers that finished after the stop count, and so does the time they took.
     (
-        done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64(),
+        done.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64(),
         errors.load(Ordering::Relaxed),
     )
 }
 
-fn start_upstream(python: &str, hf_home: &Path, port: u16, threads: usize) -> Child {
+/// Upstream's server on `port`, loading only the `english` root of the fake cache.
+fn start_upstream(python: &str, hf_home: &Path, port: u16, threads: usize, amp: Option<&str>) -> Result<Child, String> {
     let bin = Path::new(python).with_file_name("laya-serve");
-    Command::new(bin)
+    let mut command = Command::new(&bin);
+    command
         .env("HF_HOME", hf_home)
         .env("HF_HUB_OFFLINE", "1")
         .env("LAYA_DEVICE", "cpu")
@@ -125,99 +233,289 @@ fn start_upstream(python: &str, hf_home: &Path, port: u16, threads: usize) -> Ch
         .env("LAYA_MODELS", "english")
         .env("LAYA_THREADS", threads.to_string())
         .env("LAYA_LOG_LEVEL", "warning")
+        .env_remove("LAYA_API_KEY")
+        .env_remove("LAYA_CPU_AMP")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(amp) = amp {
+        command.env("LAYA_CPU_AMP", amp);
+    }
+    command
         .spawn()
-        .expect("start laya-serve")
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
+}
+
+/// Kills the upstream server when the bench ends, however it ends.
+struct Upstream(Child);
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `model name` and the flags that decide which kernels run, from /proc/cpuinfo.
+fn cpu() -> (String, Vec<String>) {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let wanted = [
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx_vnni",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    ];
+    let flags = field("flags").unwrap_or_default();
+    let present = flags
+        .split_whitespace()
+        .filter(|f| wanted.contains(f))
+        .map(str::to_owned)
+        .collect();
+    (field("model name").unwrap_or_else(|| "unknown".into()), present)
+}
+
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn median(values: &[f64]) -> f64 {
+    percentile(values, 0.5).unwrap_or(f64::NAN)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let hf_home = fake_hf_home(&args.checkpoint);
+    if let Err(e) = run(args).await {
+        eprintln!("layad-http-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let (cpu_model, cpu_flags) = cpu();
+    let load_before = load_average();
+    println!("cpu: {cpu_model}; flags: {}", cpu_flags.join(" "));
+    println!("load average before: {load_before:?}");
+    let hf_home = fake_hf_home(&args.checkpoint)?;
+    let batch_wait = args
+        .batch_wait
+        .as_ref()
+        .map_or(String::new(), |w| format!("batch_wait = \"{w}\"\n"));
     let config = format!(
-        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = {}\n\n[server]\nrequest_timeout = \"120s\"\n",
-        args.threads
+        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = {}\ndtype = \"{}\"\n{batch_wait}\n[server]\nrequest_timeout = \"300s\"\n\n[workers]\nstartup_timeout = \"900s\"\n",
+        args.threads, args.dtype
     );
     let home = hf_home.path().to_string_lossy().into_owned();
-    let mut server = Server::start(&config, &[("HF_HOME", home.as_str())]);
-    server.wait_ready(Duration::from_secs(600)).await;
-    let (body, tokens) = body_of_about_64_tokens(server.addr).await;
-    let body = Arc::new(body);
-
-    let mut latencies = Vec::new();
-    let mut overheads = Vec::new();
-    for _ in 0..args.requests {
+    let mut layad = Server::start(&config, &[("HF_HOME", home.as_str())]);
+    let upstream = match args.upstream_python.as_str() {
+        "" | "none" => None,
+        python => {
+            let port = layad_system_tests::free_port();
+            let child = start_upstream(python, hf_home.path(), port, args.threads, args.upstream_amp.as_deref())?;
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+            Some((Upstream(child), addr))
+        }
+    };
+    layad.wait_ready(Duration::from_secs(900)).await;
+    if let Some((child, addr)) = &upstream {
+        let _ = child;
         let start = Instant::now();
-        let response = post_json(server.addr, "/v1/systemone", body.as_bytes())
-            .await
-            .expect("request");
-        let latency = start.elapsed().as_secs_f64() * 1e3;
-        let device = server_timing(response.header("server-timing"), "device").expect("Server-Timing device");
-        latencies.push(latency);
-        overheads.push(latency - device);
-    }
-    let mut layad_rps = Vec::new();
-    for &c in &args.concurrency {
-        layad_rps.push(throughput(server.addr, Arc::clone(&body), c, args.seconds).await);
-    }
-    drop(server);
-
-    let mut upstream_rps = Vec::new();
-    if !args.upstream_python.is_empty() {
-        let port = layad_system_tests::free_port();
-        let mut child = start_upstream(&args.upstream_python, hf_home.path(), port, args.threads);
-        let addr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let start = Instant::now();
-        while !get(addr, "/health").await.is_ok_and(|r| r.status == 200) {
-            assert!(start.elapsed() < Duration::from_secs(600), "laya-serve did not start");
+        while !get(*addr, "/health").await.is_ok_and(|r| r.status == 200) {
+            if start.elapsed() > Duration::from_secs(900) {
+                return Err("laya-serve did not answer /health within 900 s".into());
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        for &c in &args.concurrency {
-            upstream_rps.push(throughput(addr, Arc::clone(&body), c, args.seconds).await);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+    }
+    let health = get(layad.addr, "/health").await.map_err(|e| e.to_string())?.json();
+    let engine = &health["pools"][0]["workers"][0];
+    println!(
+        "layad worker: {}",
+        json!({"dtype": engine["dtype"], "cpu_kernels": engine["cpu_kernels"], "parity_gate": engine["parity_gate"]})
+    );
+
+    let mut shapes = Vec::new();
+    for name in &args.shapes {
+        let shape = match name.as_str() {
+            "short" => self::shape(layad.addr, "short", 1, 64).await?,
+            "long" => self::shape(layad.addr, "long", 1, 512).await?,
+            "three" => self::shape(layad.addr, "three", 3, 58).await?,
+            other => return Err(format!("unknown shape '{other}'; expected short, long or three")),
+        };
+        shapes.push(shape);
     }
 
-    println!(
-        "row: {tokens} tokens, 1 noul question, checkpoint {}",
-        args.checkpoint.display()
-    );
-    let percentile = |values: &[f64], p: f64| percentile(values, p).unwrap_or(f64::NAN);
-    println!(
-        "supervisor overhead at concurrency 1 over {} requests: p50 {:.3} ms, p99 {:.3} ms (latency p50 {:.1} ms)",
-        args.requests,
-        percentile(&overheads, 0.5),
-        percentile(&overheads, 0.99),
-        percentile(&latencies, 0.5)
-    );
-    println!("| clients | layad req/s | upstream req/s | layad / upstream |");
-    println!("|---|---|---|---|");
-    let mut rows = Vec::new();
-    for (i, &c) in args.concurrency.iter().enumerate() {
-        let (ours, our_errors) = layad_rps[i];
-        let theirs = upstream_rps.get(i).map(|(r, _)| *r);
-        let ratio = theirs.map(|t| ours / t);
-        println!(
-            "| {c} | {ours:.2} | {} | {} |",
-            theirs.map_or("-".to_owned(), |t| format!("{t:.2}")),
-            ratio.map_or("-".to_owned(), |r| format!("{r:.2}x"))
-        );
-        rows.push(
-            json!({"clients": c, "layad_rps": ours, "layad_errors": our_errors, "upstream_rps": theirs,
-                          "upstream_errors": upstream_rps.get(i).map(|(_, e)| *e), "ratio": ratio}),
-        );
+    // Same answers from both servers before anything is timed.
+    let mut parity = Vec::new();
+    if let Some((_, addr)) = &upstream {
+        for shape in &shapes {
+            let ours = post_json(layad.addr, "/v1/systemone", shape.body.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?
+                .json();
+            let theirs = post_json(*addr, "/v1/systemone", shape.body.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?
+                .json();
+            if ours["usage"] != theirs["usage"] {
+                return Err(format!(
+                    "{}: usage differs: layad {} vs upstream {}",
+                    shape.name, ours["usage"], theirs["usage"]
+                ));
+            }
+            let diff = answer_difference(&ours["answers"], &theirs["answers"], "answers")
+                .map_err(|e| format!("{}: answers differ: {e}", shape.name))?;
+            println!("{}: answers agree, max |Δ| {diff:.4}", shape.label);
+            parity.push(json!({"shape": shape.name, "max_abs_answer_diff": diff}));
+        }
     }
-    let report: Value = json!({
-        "checkpoint": args.checkpoint.display().to_string(), "row_tokens": tokens, "threads": args.threads,
-        "overhead_ms": {"p50": percentile(&overheads, 0.5), "p99": percentile(&overheads, 0.99)},
-        "latency_ms": {"p50": percentile(&latencies, 0.5), "p99": percentile(&latencies, 0.99)},
-        "throughput": rows,
+
+    println!();
+    println!(
+        "| request | layad p50 / p90 ms | layad device p50 ms | upstream p50 / p90 ms | layad / upstream (median of pairs) |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut latency_rows = Vec::new();
+    for shape in &shapes {
+        // Two untimed requests each: first-use costs (allocations, caches) stay out of the pairs.
+        for _ in 0..2 {
+            timed(layad.addr, &shape.body).await?;
+            if let Some((_, addr)) = &upstream {
+                timed(*addr, &shape.body).await?;
+            }
+        }
+        let (mut ours, mut device, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for pair in 0..args.pairs {
+            let layad_first = pair % 2 == 0;
+            let mut layad_ms = 0.0;
+            let mut upstream_ms = None;
+            for turn in 0..2 {
+                if (turn == 0) == layad_first {
+                    let (ms, dev) = timed(layad.addr, &shape.body).await?;
+                    layad_ms = ms;
+                    device.extend(dev);
+                } else if let Some((_, addr)) = &upstream {
+                    upstream_ms = Some(timed(*addr, &shape.body).await?.0);
+                }
+            }
+            ours.push(layad_ms);
+            if let Some(u) = upstream_ms {
+                theirs.push(u);
+                ratios.push(layad_ms / u);
+            }
+        }
+        let p = |v: &[f64], q: f64| percentile(v, q).unwrap_or(f64::NAN);
+        let ratio = (!ratios.is_empty()).then(|| median(&ratios));
+        println!(
+            "| {} | {:.1} / {:.1} | {:.1} | {} | {} |",
+            shape.label,
+            p(&ours, 0.5),
+            p(&ours, 0.9),
+            p(&device, 0.5),
+            if theirs.is_empty() {
+                "–".to_owned()
+            } else {
+                format!("{:.1} / {:.1}", p(&theirs, 0.5), p(&theirs, 0.9))
+            },
+            ratio.map_or("–".to_owned(), |r| format!("**{r:.2}**"))
+        );
+        latency_rows.push(json!({
+            "shape": shape.name, "label": shape.label, "input_tokens": shape.input_tokens,
+            "layad_ms": ours, "layad_device_ms": device, "upstream_ms": theirs, "ratios": ratios,
+            "layad_p50_ms": p(&ours, 0.5), "layad_p90_ms": p(&ours, 0.9),
+            "upstream_p50_ms": percentile(&theirs, 0.5), "upstream_p90_ms": percentile(&theirs, 0.9),
+            "median_ratio": ratio,
+        }));
+    }
+
+    let mut throughput_rows = Vec::new();
+    if !args.concurrency.is_empty() {
+        let short = shapes
+            .iter()
+            .find(|s| s.name == "short")
+            .map(|s| Arc::clone(&s.body))
+            .unwrap_or_else(|| Arc::new(body(30, 1)));
+        println!();
+        println!("| clients | layad answers/s | upstream answers/s | layad / upstream | errors (layad, upstream) |");
+        println!("|---|---|---|---|---|");
+        for &clients in &args.concurrency {
+            // A/B/B/A: each server runs twice, the halves mirrored around the middle.
+            let (mut ours, mut theirs) = ((0usize, 0f64, 0usize), (0usize, 0f64, 0usize));
+            let add = |total: &mut (usize, f64, usize), run: (usize, f64, usize)| {
+                total.0 += run.0;
+                total.1 += run.1;
+                total.2 += run.2;
+            };
+            add(
+                &mut ours,
+                throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
+            );
+            if let Some((_, addr)) = &upstream {
+                for _ in 0..2 {
+                    add(
+                        &mut theirs,
+                        throughput(*addr, Arc::clone(&short), clients, args.seconds).await,
+                    );
+                }
+            }
+            add(
+                &mut ours,
+                throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
+            );
+            let our_rate = ours.0 as f64 / ours.1;
+            let their_rate = (theirs.1 > 0.0).then(|| theirs.0 as f64 / theirs.1);
+            let ratio = their_rate.map(|t| our_rate / t);
+            println!(
+                "| {clients} | {our_rate:.2} | {} | {} | {}, {} |",
+                their_rate.map_or("–".to_owned(), |t| format!("{t:.2}")),
+                ratio.map_or("–".to_owned(), |r| format!("**{r:.2}×**")),
+                ours.2,
+                theirs.2
+            );
+            throughput_rows.push(json!({
+                "clients": clients, "layad_answers_per_s": our_rate, "upstream_answers_per_s": their_rate,
+                "ratio": ratio, "layad_errors": ours.2, "upstream_errors": theirs.2,
+            }));
+        }
+    }
+    let load_after = load_average();
+    println!("load average after: {load_after:?}");
+    let report = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": {"cpu": cpu_model, "flags": cpu_flags, "load_average_before": load_before, "load_average_after": load_after},
+        "checkpoint": args.checkpoint.display().to_string(),
+        "threads": args.threads,
+        "layad": {"dtype": args.dtype, "batch_wait": args.batch_wait, "worker": engine},
+        "upstream": {"python": args.upstream_python, "amp": args.upstream_amp},
+        "answer_parity": parity,
+        "latency": latency_rows,
+        "throughput": throughput_rows,
     });
     if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir).expect("out dir");
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&report).expect("json")).expect("write json");
+    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
     println!("wrote {}", args.out.display());
+    drop(upstream);
+    drop(hf_home);
+    Ok(())
 }

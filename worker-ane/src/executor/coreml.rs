@@ -1,9 +1,13 @@
 //! The Core ML executor: one compiled `bc1s-masked` model per bucket with compute units pinned to
 //! CPU and Neural Engine, compiled once per package tree hash into a cache, FP16 arrays in and out.
 //!
-//! macOS only, and never compiled on the Linux machines this crate is developed on: it is kept to
-//! the Core ML calls themselves; shapes, layouts, strides and everything around them live (tested)
-//! in the rest of the crate.
+//! macOS only: type-checked for `aarch64-apple-darwin` in CI (`.ci/check-macos`), never linked or
+//! run on the Linux machines this crate is developed on. It is kept to the Core ML calls themselves;
+//! shapes, layouts, strides and everything around them live (tested) in the rest of the crate.
+//!
+//! Every entry point runs inside an autorelease pool: the engine thread is not the main thread and
+//! has no run loop draining one, so the objects Core ML autoreleases during a load or a prediction
+//! would otherwise live until the thread exits, growing the process with every request.
 
 // Core ML is an Objective-C framework: every call through objc2-core-ml is `unsafe`, and the models
 // must be marked `Send` by hand. This module is the only place in the crate that needs it.
@@ -20,7 +24,7 @@ use block2::RcBlock;
 use half::f16;
 use layad_proto::PlacementReport;
 use objc2::AnyThread;
-use objc2::rc::Retained;
+use objc2::rc::{Retained, autoreleasepool};
 use objc2::runtime::{AnyObject, ProtocolObject};
 use objc2_core_ml::{
     MLComputeUnits, MLDictionaryFeatureProvider, MLFeatureProvider, MLFeatureValue, MLModel, MLModelConfiguration,
@@ -62,8 +66,11 @@ impl CoreMlExecutor {
     pub fn load(artifacts: &[Artifact], cache_dir: &Path) -> Result<Self, ExecutorError> {
         let mut models = BTreeMap::new();
         for artifact in artifacts {
-            let compiled = compiled_model(&artifact.package(), &artifact.manifest.tree_sha256, cache_dir)?;
-            let model = load_model(&compiled, MLComputeUnits::CPUAndNeuralEngine)?;
+            let (compiled, model) = autoreleasepool(|_| {
+                let compiled = compiled_model(&artifact.package(), &artifact.manifest.tree_sha256, cache_dir)?;
+                let model = load_model(&compiled, MLComputeUnits::CPUAndNeuralEngine)?;
+                Ok::<_, ExecutorError>((compiled, model))
+            })?;
             models.insert(
                 artifact.manifest.bucket,
                 Bucket {
@@ -235,6 +242,8 @@ fn read_output(
         *values.borrow_mut() = read.collect();
     });
     unsafe { array.getBytesWithHandler(&block) };
+    // The block borrows `values` until it is dropped (block2 drops its closure with it).
+    drop(block);
     let values = values.into_inner();
     if values.len() == count {
         Ok(values)
@@ -254,7 +263,8 @@ fn predict_with(model: &MLModel, hidden: usize, inputs: &GraphInputs) -> Result<
     let mut values = Vec::with_capacity(5);
     for ((name, shape), (_, data)) in GraphInputs::shapes(hidden, inputs.bucket).iter().zip(inputs.named()) {
         names.push(NSString::from_str(name));
-        values.push(unsafe { MLFeatureValue::featureValueWithMultiArray(&fp16_array(name, shape, data)?) });
+        let array = fp16_array(name, shape, data)?;
+        values.push(unsafe { MLFeatureValue::featureValueWithMultiArray(&array) });
     }
     let keys: Vec<&NSString> = names.iter().map(|n| &**n).collect();
     let objects: Vec<&AnyObject> = values.iter().map(|v| as_object(v)).collect();
@@ -277,7 +287,7 @@ fn fastest_ms(model: &MLModel, hidden: usize, inputs: &GraphInputs) -> Result<f6
     let mut fastest = f64::INFINITY;
     for _ in 0..PROBE_RUNS {
         let started = Instant::now();
-        predict_with(model, hidden, inputs)?;
+        autoreleasepool(|_| predict_with(model, hidden, inputs))?;
         fastest = fastest.min(started.elapsed().as_secs_f64() * 1e3);
     }
     Ok(fastest)
@@ -301,14 +311,16 @@ impl Executor for CoreMlExecutor {
                 problem: format!("the graph takes hidden size {}", loaded.hidden),
             });
         }
-        predict_with(&loaded.model, loaded.hidden, inputs)
+        autoreleasepool(|_| predict_with(&loaded.model, loaded.hidden, inputs))
     }
 
     fn placement_probe(&mut self, bucket: u32, inputs: &GraphInputs) -> Result<Option<PlacementReport>, ExecutorError> {
         let loaded = self.models.get(&bucket).ok_or(ExecutorError::UnknownBucket(bucket))?;
         let fastest = fastest_ms(&loaded.model, loaded.hidden, inputs)?;
-        let cpu_only = load_model(&loaded.compiled, MLComputeUnits::CPUOnly)?;
-        let cpu_only_fastest = fastest_ms(&cpu_only, loaded.hidden, inputs)?;
+        let cpu_only_fastest = autoreleasepool(|_| {
+            let cpu_only = load_model(&loaded.compiled, MLComputeUnits::CPUOnly)?;
+            fastest_ms(&cpu_only, loaded.hidden, inputs)
+        })?;
         Ok(Some(PlacementReport {
             bucket,
             fastest_ms: fastest,

@@ -83,6 +83,11 @@ impl SlidingWindow {
         })
     }
 
+    /// Keys within this distance of a query are inside its window.
+    pub(crate) fn half_window(&self) -> usize {
+        self.half_window
+    }
+
     /// Whether rows padded to `len` take the banded path.
     pub(crate) fn banded_at(&self, len: usize) -> bool {
         len >= BANDED_FROM_WINDOWS * (self.block + 2 * self.half_window)

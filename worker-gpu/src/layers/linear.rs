@@ -1,9 +1,11 @@
 //! `y = x·Wᵀ (+ b)` in the compute precision: the input is cast down, the output stays in the
-//! compute dtype (what torch autocast does for `nn.Linear`).
+//! compute dtype (what torch autocast does for `nn.Linear`). float32 on the CPU runs the packed
+//! kernels of `cpu_matmul` once [`Linear::pack_for_cpu`] was called.
 
 use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
+use crate::layers::cpu_matmul::{CpuKernels, PackedMatmul, PackedWeight};
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
@@ -13,6 +15,8 @@ pub(crate) struct Linear {
     /// per product than PyTorch's `[out, in]` layout, measured on the model's shapes.
     weight_t: Tensor,
     bias: Option<Tensor>,
+    /// The same weight (and bias) packed for the CPU kernels; then `weight_t` is not used.
+    packed: Option<PackedWeight>,
 }
 
 impl Linear {
@@ -52,12 +56,39 @@ impl Linear {
             Some(name) => Some(weights.take(name, &[out_features], dtype)?),
             None => None,
         };
-        Ok(Self { weight_t, bias })
+        Ok(Self {
+            weight_t,
+            bias,
+            packed: None,
+        })
+    }
+
+    /// Packs the weight for `kernels` when it is a float32 weight on the CPU and the family has
+    /// kernels of its own (not `Gemm`); the tensor copy is then dropped to a placeholder.
+    pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
+        let on_cpu_f32 = self.weight_t.device().is_cpu() && self.weight_t.dtype() == DType::F32;
+        if !on_cpu_f32 || kernels == CpuKernels::Gemm || self.packed.is_some() {
+            return Ok(());
+        }
+        let (k, n) = self.weight_t.dims2()?;
+        let weight = self.weight_t.flatten_all()?.to_vec1::<f32>()?;
+        let bias = match &self.bias {
+            Some(bias) => Some(bias.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        };
+        self.packed = Some(PackedWeight::pack(&weight, k, n, bias, kernels));
+        // Keep the shape and dtype for `forward`'s checks, not the 4 bytes per weight.
+        self.weight_t = Tensor::zeros((1, 1), DType::F32, self.weight_t.device())?;
+        self.bias = None;
+        Ok(())
     }
 
     /// Multiplies outputs `start..start + len` (weight rows and bias entries in PyTorch's terms) by
     /// `factor`; used to fold attention's `head_dim^-0.5` into the query projection.
     pub(crate) fn scale_outputs(&mut self, start: usize, len: usize, factor: f64) -> candle_core::Result<()> {
+        if self.packed.is_some() {
+            candle_core::bail!("scale_outputs after pack_for_cpu")
+        }
         let scale = |t: &Tensor, dim: usize| -> candle_core::Result<Tensor> {
             let size = t.dim(dim)?;
             let mut parts = Vec::with_capacity(3);
@@ -79,6 +110,12 @@ impl Linear {
 
     /// `x`: `[n, in]` in any float dtype; returns `[n, out]` in the compute dtype.
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(packed) = &self.packed {
+            return x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op1_no_bwd(&PackedMatmul(packed));
+        }
         let y = x.to_dtype(self.weight_t.dtype())?.matmul(&self.weight_t)?;
         match &self.bias {
             Some(bias) => y.broadcast_add(bias),

@@ -7,6 +7,9 @@ use candle_core::{DType, Device, Tensor};
 pub(crate) struct RopeTable {
     cos: Tensor,
     sin: Tensor,
+    /// The same tables in host memory, for the fused CPU attention.
+    host_cos: Vec<f32>,
+    host_sin: Vec<f32>,
 }
 
 impl RopeTable {
@@ -27,9 +30,16 @@ impl RopeTable {
             }
         }
         Ok(Self {
-            cos: Tensor::from_vec(cos, (positions, half), device)?,
-            sin: Tensor::from_vec(sin, (positions, half), device)?,
+            cos: Tensor::from_vec(cos.clone(), (positions, half), device)?,
+            sin: Tensor::from_vec(sin.clone(), (positions, half), device)?,
+            host_cos: cos,
+            host_sin: sin,
         })
+    }
+
+    /// `(cos, sin)`, `[positions, head_dim / 2]` row-major, in host memory.
+    pub(crate) fn host_tables(&self) -> (&[f32], &[f32]) {
+        (&self.host_cos, &self.host_sin)
     }
 
     /// Rotates `x` `[batch, heads, len, head_dim]` in float32, returning it in `x`'s dtype.

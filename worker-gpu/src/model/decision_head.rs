@@ -8,6 +8,7 @@ use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
 use crate::layers::attention::attend;
+use crate::layers::cpu_matmul::CpuKernels;
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::model::batch::PaddedBatch;
@@ -102,6 +103,29 @@ impl DecisionHead {
             act_dense: Linear::load(weights, "act_head.0", (ACT_HIDDEN, d + 4), true, DType::F32)?,
             act_out: Linear::load(weights, "act_head.2", (n_act, ACT_HIDDEN), true, DType::F32)?,
         })
+    }
+
+    /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
+    pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
+        for layer in &mut self.layers {
+            for linear in [
+                &mut layer.in_proj,
+                &mut layer.out_proj,
+                &mut layer.linear1,
+                &mut layer.linear2,
+            ] {
+                linear.pack_for_cpu(kernels)?;
+            }
+        }
+        for linear in [
+            &mut self.scorer_dense,
+            &mut self.scorer_out,
+            &mut self.act_dense,
+            &mut self.act_out,
+        ] {
+            linear.pack_for_cpu(kernels)?;
+        }
+        Ok(())
     }
 
     /// Runs the head on the encoder output `hidden` `[rows·len, d]` (float32).

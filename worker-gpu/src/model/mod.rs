@@ -11,6 +11,7 @@ use layad_proto::{EngineOutput, EngineRow};
 
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
+use crate::layers::cpu_matmul::CpuKernels;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -64,8 +65,21 @@ pub struct LayaModel {
 impl LayaModel {
     /// Builds the model described by `checkpoint`'s configs from its weights file, with matmul
     /// weights in `dtype`, on `device`. `name` only labels errors.
+    /// On the CPU in f32 the matrices are packed for the best kernels this CPU has.
     pub fn load(name: &str, checkpoint: &Checkpoint, device: &Device, dtype: DType) -> Result<Self, LoadError> {
         Self::load_with_positions(name, checkpoint, device, dtype, checkpoint.agent.max_len)
+    }
+
+    /// [`LayaModel::load`] with the CPU kernel family chosen by the caller (one the CPU has; see
+    /// [`CpuKernels::available`]).
+    pub fn load_with_kernels(
+        name: &str,
+        checkpoint: &Checkpoint,
+        device: &Device,
+        dtype: DType,
+        kernels: CpuKernels,
+    ) -> Result<Self, LoadError> {
+        Self::load_inner(name, checkpoint, device, dtype, checkpoint.agent.max_len, kernels)
     }
 
     /// [`LayaModel::load`] with RoPE tables for at least `positions` positions, for callers that pad
@@ -77,6 +91,20 @@ impl LayaModel {
         dtype: DType,
         positions: usize,
     ) -> Result<Self, LoadError> {
+        Self::load_inner(name, checkpoint, device, dtype, positions, CpuKernels::detect())
+    }
+
+    fn load_inner(
+        name: &str,
+        checkpoint: &Checkpoint,
+        device: &Device,
+        dtype: DType,
+        positions: usize,
+        kernels: CpuKernels,
+    ) -> Result<Self, LoadError> {
+        if !kernels.available() {
+            return Err(LoadError::Device(format!("this CPU has no {kernels} kernels")));
+        }
         let config = &checkpoint.encoder;
         if config.biases {
             return Err(LoadError::Unsupported {
@@ -101,9 +129,12 @@ impl LayaModel {
         }
         let max_len = checkpoint.agent.max_len;
         let mut weights = Weights::read(&checkpoint.weights.path, device)?;
-        let encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
-        let head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
+        let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
+        let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
         weights.finish()?;
+        let packing = |e: candle_core::Error| LoadError::Device(format!("packing weights for {kernels}: {e}"));
+        encoder.pack_for_cpu(kernels).map_err(packing)?;
+        head.pack_for_cpu(kernels).map_err(packing)?;
         Ok(Self {
             encoder,
             head,
@@ -124,6 +155,7 @@ impl LayaModel {
         let masks = ForwardMasks {
             key_padding: Some(full.clone()),
             sliding: Some(SlidingPlan::Masked(as_mask(inputs.local_mask)?)),
+            lengths: None,
         };
         let hidden = self.encoder.forward_embedded(inputs.embeddings, (1, len), &masks)?;
         let (slot_logits, cls) = self

@@ -9,7 +9,9 @@ use laya::config::{EncoderConfig, LayerType};
 
 use crate::error::LoadError;
 use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
+use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::GeGluOp;
+use crate::layers::cpu_matmul::CpuKernels;
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
@@ -21,6 +23,9 @@ pub(crate) struct ForwardMasks {
     pub(crate) key_padding: Option<Tensor>,
     /// How sliding-window layers attend; `None` when the encoder has none.
     pub(crate) sliding: Option<SlidingPlan>,
+    /// Real length of each row, when the batch is described by lengths (not by explicit masks):
+    /// then float32 CPU forwards run the fused attention op instead of the masks above.
+    pub(crate) lengths: Option<Vec<usize>>,
 }
 
 /// Splits `qkv` `[batch·len, 3·heads·head_dim]` into `q, k, v` `[batch, heads, len, head_dim]`
@@ -66,6 +71,8 @@ pub(crate) struct Encoder {
     heads: usize,
     head_dim: usize,
     intermediate: usize,
+    /// SIMD family of the CPU kernels (set when the weights are packed).
+    kernels: CpuKernels,
 }
 
 impl Encoder {
@@ -131,7 +138,19 @@ impl Encoder {
             heads: config.num_attention_heads,
             head_dim,
             intermediate: inter,
+            kernels: CpuKernels::Gemm,
         })
+    }
+
+    /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
+    pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
+        self.kernels = kernels;
+        for layer in &mut self.layers {
+            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
+                linear.pack_for_cpu(kernels)?;
+            }
+        }
+        Ok(())
     }
 
     /// The masks for rows of `lengths` padded to `len`.
@@ -141,7 +160,11 @@ impl Encoder {
             Some(window) => Some(window.plan(lengths, len, key_padding.as_ref(), window.banded_at(len))?),
             None => None,
         };
-        Ok(ForwardMasks { key_padding, sliding })
+        Ok(ForwardMasks {
+            key_padding,
+            sliding,
+            lengths: Some(lengths.to_vec()),
+        })
     }
 
     /// `ids` `[batch·len]` (right-padded rows) to the final hidden states `[batch·len, hidden]`, f32.
@@ -181,20 +204,44 @@ impl Encoder {
             Some(norm) => norm.forward(x)?,
             None => x.clone(),
         };
-        let [q, k, v] = split_heads(&layer.wqkv.forward(&normed)?, shape, self.heads, self.head_dim)?;
+        let qkv = layer.wqkv.forward(&normed)?;
         let rope = match layer.kind {
             LayerType::Full => &self.global_rope,
             LayerType::Sliding => &self.local_rope,
         };
-        let (q, k) = (rope.apply(&q)?, rope.apply(&k)?);
-        let attended = match (layer.kind, &masks.sliding) {
-            (LayerType::Sliding, Some(plan)) => plan.attend(&q, &k, &v)?,
-            _ => attend(&q, &k, &v, masks.key_padding.as_ref())?,
+        let fused = qkv.device().is_cpu() && qkv.dtype() == DType::F32 && self.kernels != CpuKernels::Gemm;
+        let merged = match &masks.lengths {
+            Some(lengths) if fused => {
+                let (cos, sin) = rope.host_tables();
+                let op = AttentionOp {
+                    lengths,
+                    len: shape.1,
+                    heads: self.heads,
+                    head_dim: self.head_dim,
+                    cos,
+                    sin,
+                    half_window: match (layer.kind, &self.window) {
+                        (LayerType::Sliding, Some(window)) => Some(window.half_window()),
+                        _ => None,
+                    },
+                    kernels: self.kernels,
+                };
+                qkv.contiguous()?.apply_op1_no_bwd(&op)?
+            }
+            _ => {
+                let [q, k, v] = split_heads(&qkv, shape, self.heads, self.head_dim)?;
+                let (q, k) = (rope.apply(&q)?, rope.apply(&k)?);
+                let attended = match (layer.kind, &masks.sliding) {
+                    (LayerType::Sliding, Some(plan)) => plan.attend(&q, &k, &v)?,
+                    _ => attend(&q, &k, &v, masks.key_padding.as_ref())?,
+                };
+                merge_heads(&attended)?
+            }
         };
-        let x = (x + layer.wo.forward(&merge_heads(&attended)?)?.to_dtype(DType::F32)?)?;
+        let x = (x + layer.wo.forward(&merged)?.to_dtype(DType::F32)?)?;
         let projected = layer.wi.forward(&layer.mlp_norm.forward(&x)?)?;
         let activated = if projected.device().is_cpu() && projected.dtype() == DType::F32 {
-            projected.apply_op1_no_bwd(&GeGluOp)?
+            projected.apply_op1_no_bwd(&GeGluOp(self.kernels))?
         } else {
             let input = projected.narrow(1, 0, self.intermediate)?;
             (input.gelu_erf()? * projected.narrow(1, self.intermediate, self.intermediate)?)?

@@ -77,6 +77,7 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         "state": worker.state.as_str(),
         "device": worker.device,
         "dtype": worker.dtype,
+        "cpu_kernels": worker.cpu_kernels,
         "checkpoints": checkpoints,
         "restarts": worker.restarts,
         "last_exit": worker.last_exit,

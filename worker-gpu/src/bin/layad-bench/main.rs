@@ -17,7 +17,7 @@ use laya::checkpoint::Location;
 use layad_proto::{Engine, EngineRow};
 use serde_json::{Value, json};
 use worker_gpu::device::CpuThreads;
-use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Precision};
 
 use checkpoint::ModelSpec;
 use upstream::UpstreamSession;
@@ -43,6 +43,10 @@ struct Args {
     /// Candle precisions: f32, f16, bf16.
     #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
     precisions: Vec<String>,
+    /// CPU kernel families to run each precision with: auto (the best this CPU has), avx512, avx2,
+    /// gemm (candle's matmul and composed attention, the engine before run-time kernels).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    cpu_kernels: Vec<String>,
     /// CPU threads for candle and for torch.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -178,6 +182,11 @@ fn run(args: &Args) -> Result<(), String> {
         .iter()
         .map(|p| Precision::parse(p))
         .collect::<Result<_, _>>()?;
+    let kernel_choices: Vec<Option<CpuKernels>> = args
+        .cpu_kernels
+        .iter()
+        .map(|k| CpuKernels::parse(k))
+        .collect::<Result<_, _>>()?;
     let mut cells = Vec::new();
     let mut parity = Vec::new();
     let mut upstream_meta = Vec::new();
@@ -214,11 +223,15 @@ fn run(args: &Args) -> Result<(), String> {
         // bf16 engine (whose CPU matmuls allocate f32 copies of the weights) slowed f32 forwards by
         // up to 30%, and alternating with torch forward by forward by 8-15%.
         let mut candle_f32 = Vec::new();
-        for &precision in &precisions {
+        let engines = precisions
+            .iter()
+            .flat_map(|&p| kernel_choices.iter().map(move |&k| (p, k)));
+        for (precision, cpu_kernels) in engines {
             let options = EngineOptions {
                 device: DeviceRequest::Cpu,
                 precision: Some(precision),
                 threads: Some(args.threads),
+                cpu_kernels,
                 max_rows: 64,
                 max_batch_tokens: 1 << 20,
                 length_buckets: Vec::new(),
@@ -227,11 +240,12 @@ fn run(args: &Args) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             for &shape in &shapes {
                 let inputs = bench_rows(shape.0, shape.1, spec.vocab);
-                let mut cell = new_cell(format!("candle {precision}"), shape);
+                let kernels = engine.kernels().map_or("-", CpuKernels::as_str);
+                let mut cell = new_cell(format!("candle {precision} {kernels}"), shape);
                 // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
                 std::thread::sleep(gap);
                 let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
-                if precision == Precision::F32 {
+                if precision == Precision::F32 && !candle_f32.iter().any(|(s, _)| *s == shape) {
                     candle_f32.push((shape, warm));
                 }
                 let start = Instant::now();

@@ -1,0 +1,439 @@
+//! Float32 products of activations by constant weights on the CPU: each weight is packed once, at
+//! load, into column panels for the kernel family chosen at run time (AVX-512 or AVX2+FMA), so a
+//! forward packs only its few activation rows; every product runs on the calling rayon pool.
+//!
+//! Why not candle's matmul (the `gemm` crate): it repacks the weight on every call and splits few
+//! rows poorly across threads; on one 64-token row that made the matrix products about twice as slow
+//! as these kernels (docs/benchmarks.md). Other devices and precisions keep candle's matmul.
+
+use std::fmt;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+#[cfg(target_arch = "x86_64")]
+use pulp::Simd;
+use pulp::WithSimd;
+use rayon::prelude::*;
+
+/// Rows of the activation tile one kernel call computes.
+pub(crate) const MR: usize = 6;
+/// Depth of one pass: a weight panel's slice of `KC` rows stays in L1 while every row tile uses it.
+const KC: usize = 256;
+/// Most column panels one parallel task computes.
+const MAX_PANELS_PER_TASK: usize = 8;
+
+/// The SIMD kernels a CPU forward uses for its matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// 512-bit AVX-512F kernels (x86-64 CPUs that have them).
+    Avx512,
+    /// 256-bit AVX2 + FMA kernels (x86-64 since about 2013).
+    Avx2,
+    /// candle's matmul (the `gemm` crate and its own run-time dispatch): other CPUs (Apple, Arm).
+    Gemm,
+}
+
+impl CpuKernels {
+    /// The best family this CPU runs.
+    pub fn detect() -> Self {
+        [Self::Avx512, Self::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Self::Gemm)
+    }
+
+    /// Parses `auto` (the best available: `None`), `avx512`, `avx2` or `gemm`.
+    pub fn parse(text: &str) -> Result<Option<Self>, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(None),
+            "avx512" => Ok(Some(Self::Avx512)),
+            "avx2" => Ok(Some(Self::Avx2)),
+            "gemm" => Ok(Some(Self::Gemm)),
+            _ => Err(format!(
+                "unknown CPU kernels '{text}'; expected auto, avx512, avx2 or gemm"
+            )),
+        }
+    }
+
+    /// Whether this CPU can run the family.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => pulp::x86::V4::try_new().is_some(),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => pulp::x86::V3::try_new().is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx512 | Self::Avx2 => false,
+            Self::Gemm => true,
+        }
+    }
+
+    /// `avx512`, `avx2` or `gemm`: what the worker reports in its start-up line and in `/health`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Avx2 => "avx2",
+            Self::Gemm => "gemm",
+        }
+    }
+
+    /// Runs `op` with this family's SIMD: AVX-512 or AVX2 as named (portable code if the CPU lacks
+    /// it), and for `Gemm` whatever `pulp` finds best on this CPU.
+    pub(crate) fn dispatch<Op: WithSimd>(self, op: Op) -> Op::Output {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => match pulp::x86::V4::try_new() {
+                Some(simd) => Simd::vectorize(simd, op),
+                None => Simd::vectorize(pulp::Scalar::new(), op),
+            },
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => match pulp::x86::V3::try_new() {
+                Some(simd) => Simd::vectorize(simd, op),
+                None => Simd::vectorize(pulp::Scalar::new(), op),
+            },
+            _ => pulp::Arch::new().dispatch(op),
+        }
+    }
+
+    /// Columns per packed panel: two registers of the family's width.
+    pub(crate) fn panel_width(self) -> usize {
+        match self {
+            Self::Avx512 => 32,
+            Self::Avx2 | Self::Gemm => 16,
+        }
+    }
+}
+
+impl fmt::Display for CpuKernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A weight `[k, n]` (the transposed PyTorch `[out, in]`) packed for one kernel family: panel `p`
+/// holds columns `p·nr .. p·nr + nr` (zero past `n`), row after row.
+pub(crate) struct PackedWeight {
+    kernels: CpuKernels,
+    k: usize,
+    n: usize,
+    nr: usize,
+    panels: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl PackedWeight {
+    /// Packs `weight_t` (`[k, n]` row-major) and an optional bias `[n]` for `kernels` (not `Gemm`).
+    pub(crate) fn pack(weight_t: &[f32], k: usize, n: usize, bias: Option<Vec<f32>>, kernels: CpuKernels) -> Self {
+        let nr = kernels.panel_width();
+        let count = n.div_ceil(nr);
+        let mut panels = vec![0f32; count * k * nr];
+        panels.par_chunks_mut(k * nr).enumerate().for_each(|(p, panel)| {
+            let width = nr.min(n - p * nr);
+            for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
+                let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
+                dst[..width].copy_from_slice(src);
+            }
+        });
+        Self {
+            kernels,
+            k,
+            n,
+            nr,
+            panels,
+            bias,
+        }
+    }
+
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (k, n, nr) = (self.k, self.n, self.nr);
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 {
+            return out;
+        }
+        let packed_x = pack_rows(x, m, k);
+        let panels = n.div_ceil(nr);
+        // Enough tasks for every thread to get several (they finish unevenly), few enough that a
+        // task's panels amortise reading the packed rows.
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = panels.div_ceil(4 * threads).clamp(1, MAX_PANELS_PER_TASK);
+        let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
+            .step_by(per_task)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|first| {
+                let count = per_task.min(panels - first);
+                let mut block = vec![0f32; m * count * nr];
+                self.block(&packed_x, m, first, count, &mut block);
+                (first, block)
+            })
+            .collect();
+        for (first, block) in blocks {
+            let width = (per_task * nr).min(n - first * nr).min(block.len() / m);
+            let stride = block.len() / m;
+            for (row, dst) in out.chunks_exact_mut(n).enumerate() {
+                let dst = &mut dst[first * nr..first * nr + width];
+                dst.copy_from_slice(&block[row * stride..row * stride + width]);
+                if let Some(bias) = &self.bias {
+                    for (o, b) in dst.iter_mut().zip(&bias[first * nr..]) {
+                        *o += b;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Panels `first .. first + count` for every row into `block` (`[m, count·nr]`). Per depth
+    /// pass, each row tile (in L1) meets every panel slice of the task (in L2).
+    fn block(&self, packed_x: &[f32], m: usize, first: usize, count: usize, block: &mut [f32]) {
+        let (k, nr) = (self.k, self.nr);
+        let stride = count * nr;
+        let mut depth = 0;
+        while depth < k {
+            let kc = KC.min(k - depth);
+            for (tile, row) in (0..m).step_by(MR).enumerate() {
+                let rows = MR.min(m - row);
+                let x = &packed_x[(tile * k + depth) * MR..(tile * k + depth + kc) * MR];
+                for p in 0..count {
+                    let start = (first + p) * k * nr;
+                    let call = TileCall {
+                        x,
+                        panel: &self.panels[start + depth * nr..start + (depth + kc) * nr],
+                        out: &mut block[row * stride + p * nr..],
+                        stride,
+                        accumulate: depth > 0,
+                    };
+                    self.run(rows, call);
+                }
+            }
+            depth += kc;
+        }
+    }
+
+    fn run(&self, rows: usize, call: TileCall<'_>) {
+        self.kernels.tile(rows, self.nr, call);
+    }
+}
+
+impl CpuKernels {
+    /// One micro-kernel call of this family on `rows` (at most `MR`) rows, panels `nr` wide.
+    pub(crate) fn tile(self, rows: usize, nr: usize, call: TileCall<'_>) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            CpuKernels::Avx512 => match pulp::x86::V4::try_new() {
+                Some(simd) => simd_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, call),
+            },
+            #[cfg(target_arch = "x86_64")]
+            CpuKernels::Avx2 => match pulp::x86::V3::try_new() {
+                Some(simd) => simd_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, call),
+            },
+            _ => scalar_tile(rows, nr, call),
+        }
+    }
+}
+
+/// The tile without SIMD, for a family the CPU lacks (the engine refuses those at load; this keeps
+/// a mistake slow rather than wrong).
+fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
+    let TileCall {
+        x,
+        panel,
+        out,
+        stride,
+        accumulate,
+    } = call;
+    for r in 0..rows {
+        let dst = &mut out[r * stride..r * stride + nr];
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        for (w, a) in panel.chunks_exact(nr).zip(x.chunks_exact(MR)) {
+            for (o, &w) in dst.iter_mut().zip(w) {
+                *o = a[r].mul_add(w, *o);
+            }
+        }
+    }
+}
+
+/// `x` `[m, k]` as row tiles of `MR`: tile `t` holds, for each depth, its `MR` values (zero past `m`).
+pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    let tiles = m.div_ceil(MR);
+    let mut packed = vec![0f32; tiles * k * MR];
+    packed.par_chunks_mut(k * MR).enumerate().for_each(|(t, dst)| {
+        for r in 0..MR.min(m - t * MR) {
+            let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
+            for (d, &v) in dst.chunks_exact_mut(MR).zip(row) {
+                d[r] = v;
+            }
+        }
+    });
+    packed
+}
+
+/// One kernel call: `R` rows of packed activations times one panel slice, into `out` (rows `stride`
+/// apart), added to what `out` holds when `accumulate`.
+pub(crate) struct TileCall<'a> {
+    /// Packed activation rows (`MR` values per depth), as [`pack_rows`] lays them out.
+    pub(crate) x: &'a [f32],
+    /// One panel: `nr` values per depth, as many depths as `x` has.
+    pub(crate) panel: &'a [f32],
+    /// The first output row; row `r` starts at `r·stride`, `nr` values each.
+    pub(crate) out: &'a mut [f32],
+    pub(crate) stride: usize,
+    pub(crate) accumulate: bool,
+}
+
+/// The SIMD tile for `rows` rows (x86-64 only: elsewhere the CPU path is candle's, and the
+/// families that call this are never chosen).
+#[cfg(target_arch = "x86_64")]
+fn simd_tile<S: Simd>(simd: S, rows: usize, call: TileCall<'_>) {
+    match rows {
+        6 => simd.vectorize(Tile::<6>(call)),
+        5 => simd.vectorize(Tile::<5>(call)),
+        4 => simd.vectorize(Tile::<4>(call)),
+        3 => simd.vectorize(Tile::<3>(call)),
+        2 => simd.vectorize(Tile::<2>(call)),
+        _ => simd.vectorize(Tile::<1>(call)),
+    }
+}
+
+/// The micro-kernel for `R` rows: `R × 2` accumulator registers, one broadcast activation times two
+/// weight registers per row and depth. `R` is a constant so the accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
+struct Tile<'a, const R: usize>(TileCall<'a>);
+
+#[cfg(target_arch = "x86_64")]
+impl<const R: usize> WithSimd for Tile<'_, R> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let TileCall {
+            x,
+            panel,
+            out,
+            stride,
+            accumulate,
+        } = self.0;
+        let lanes = S::F32_LANES;
+        let (weights, _) = S::as_simd_f32s(panel);
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; 2]; R];
+        if accumulate {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (held, _) = S::as_simd_f32s(&out[r * stride..r * stride + 2 * lanes]);
+                *acc = [held[0], held[1]];
+            }
+        }
+        for (w, a) in weights.chunks_exact(2).zip(x.chunks_exact(MR)) {
+            let (w0, w1) = (w[0], w[1]);
+            for r in 0..R {
+                let v = simd.splat_f32s(a[r]);
+                acc[r][0] = simd.mul_add_f32s(v, w0, acc[r][0]);
+                acc[r][1] = simd.mul_add_f32s(v, w1, acc[r][1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let (dst, _) = S::as_mut_simd_f32s(&mut out[r * stride..r * stride + 2 * lanes]);
+            dst[0] = acc[0];
+            dst[1] = acc[1];
+        }
+    }
+}
+
+/// `x · W (+ bias)` as a candle op on a contiguous f32 `[.., k]` input, giving `[.., n]`.
+pub(crate) struct PackedMatmul<'a>(pub(crate) &'a PackedWeight);
+
+impl CustomOp1 for PackedMatmul<'_> {
+    fn name(&self) -> &'static str {
+        "laya-packed-matmul"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("packed matmul: expected f32, got {:?}", storage.dtype())
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("packed matmul: expected a contiguous input")
+        };
+        let dims = layout.dims();
+        let weight = self.0;
+        match dims.split_last() {
+            Some((&k, _)) if k == weight.k => {}
+            _ => candle_core::bail!("packed matmul: input {dims:?} vs weight [{}, {}]", weight.k, weight.n),
+        }
+        let m = (end - start) / weight.k;
+        let out = weight.matmul(&data[start..end], m);
+        let mut shape = dims.to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = weight.n;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f64 = (0..k).map(|d| f64::from(x[i * k + d]) * f64::from(w[d * n + j])).sum();
+                out[i * n + j] = sum as f32 + bias.map_or(0.0, |b| b[j]);
+            }
+        }
+        out
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 - 1000.0) / 1000.0)
+            .collect()
+    }
+
+    /// Every available family, odd shapes (row tiles, panels and depth passes with remainders),
+    /// with and without a bias, against a float64 reference.
+    #[test]
+    fn every_family_matches_a_reference_product() {
+        let families: Vec<CpuKernels> = [CpuKernels::Avx512, CpuKernels::Avx2]
+            .into_iter()
+            .filter(|k| k.available())
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        for &(m, k, n) in &[(1, 5, 3), (7, 300, 37), (13, 513, 70), (64, 64, 33)] {
+            let x = values(m * k, 1);
+            let w = values(k * n, 2);
+            let bias = values(n, 3);
+            for &kernels in &families {
+                for with_bias in [false, true] {
+                    let packed = PackedWeight::pack(&w, k, n, with_bias.then(|| bias.clone()), kernels);
+                    let got = pool.install(|| packed.matmul(&x, m));
+                    let want = reference(&x, &w, m, k, n, with_bias.then_some(bias.as_slice()));
+                    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(worst < 1e-4, "{kernels} {m}x{k}x{n} bias {with_bias}: {worst}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parses_and_detects_families() {
+        assert_eq!(CpuKernels::parse("auto"), Ok(None));
+        assert_eq!(CpuKernels::parse(" AVX2 "), Ok(Some(CpuKernels::Avx2)));
+        assert_eq!(CpuKernels::parse("avx512"), Ok(Some(CpuKernels::Avx512)));
+        assert_eq!(CpuKernels::parse("gemm"), Ok(Some(CpuKernels::Gemm)));
+        assert!(CpuKernels::parse("sse").is_err_and(|e| e.contains("'sse'")));
+        let best = CpuKernels::detect();
+        assert!(best.available());
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            best == CpuKernels::Avx512,
+            std::arch::is_x86_feature_detected!("avx512f")
+        );
+    }
+}
