@@ -149,8 +149,9 @@ fn environment_names(pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// 40 questions on a 48,000-character state: more padded tokens than the default pool's forward
-/// holds (32768), however it is split (all rows of one request go in one forward).
+/// 40 questions on a 48,000-character state: 40 rows of the checkpoint's longest length, more
+/// padded tokens than a pool of `max_batch_tokens = 1024` takes in one forward (all rows of one
+/// request go in one forward).
 fn over_budget_request() -> String {
     let state = "The customer wrote again about the refund for the invoice. ".repeat(800);
     let questions: serde_json::Map<String, serde_json::Value> = (0..40)
@@ -230,15 +231,25 @@ async fn two_instances_started_together_with_default_settings_each_use_only_thei
             );
             sockets.push(socket);
         }
-        assert!(!server.log().contains("restart"), "{}", server.log());
+        assert!(!server.log().contains("restarting it"), "{}", server.log());
     }
     sockets.sort();
     sockets.dedup();
     assert_eq!(sockets.len(), 2, "the instances share a worker socket: {sockets:?}");
 
-    // A request no configured pool can ever hold: a 4xx naming the limit, nothing about retrying.
+    assert!(first.terminate(Duration::from_secs(30)).success());
+    assert!(second.terminate(Duration::from_secs(30)).success());
+    let left: Vec<_> = std::fs::read_dir(&base).expect("base").flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "instance directories left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_pool_can_ever_hold_is_a_4xx_naming_the_limit_without_retry_after() {
+    let config = format!("{ONE_CPU_POOL}max_batch_tokens = 1024\n");
+    let mut server = Server::start(&config, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
     let refused = request(
-        second.addr,
+        server.addr,
         "POST",
         "/v1/systemone",
         &[("content-type", "application/json")],
@@ -247,13 +258,20 @@ async fn two_instances_started_together_with_default_settings_each_use_only_thei
     .await
     .expect("answer");
     assert_eq!(refused.status, 413, "{}", refused.text());
-    assert!(refused.detail().contains("32768"), "{}", refused.detail());
+    assert!(refused.detail().contains("1024 padded tokens"), "{}", refused.detail());
     assert_eq!(refused.header("retry-after"), None);
-
-    assert!(first.terminate(Duration::from_secs(30)).success());
-    assert!(second.terminate(Duration::from_secs(30)).success());
-    let left: Vec<_> = std::fs::read_dir(&base).expect("base").flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "instance directories left behind: {left:?}");
+    // Still serving: the refusal cost nothing.
+    let body = golden_body("multi_five_questions_mixed");
+    let answer = request(
+        server.addr,
+        "POST",
+        "/v1/systemone",
+        &[("content-type", "application/json")],
+        body.as_bytes(),
+    )
+    .await
+    .expect("answer");
+    assert_eq!(answer.status, 200, "{}", answer.text());
 }
 
 /// A stand-in for `layad-worker-gpu` that starts the real worker as another process (its own
@@ -264,7 +282,9 @@ fn impostor_binaries(dir: &Path, pids: &Path) {
     let real = bin_dir().join("layad-worker-gpu");
     // Workers start with a cleaned environment, so everything the script needs is spelled out.
     let script = format!(
-        "#!/bin/sh\n\"{real}\" \"$@\" &\necho $! >> \"{pids}\"\nexec /bin/sleep 600\n",
+        // A background command's stdin becomes /dev/null (even `<&0` then reads that), and stdin is
+        // the liveness pipe: keep it on fd 3 first.
+        "#!/bin/sh\nexec 3<&0\n\"{real}\" \"$@\" <&3 3<&- &\necho $! >> \"{pids}\"\nexec /bin/sleep 600 3<&-\n",
         real = real.display(),
         pids = pids.display()
     );
@@ -303,7 +323,7 @@ startup_timeout = "60s"
     let refusal = "is not answered by the worker this supervisor started";
     let started = Instant::now();
     let mut refusals_seen = 0;
-    while started.elapsed() < Duration::from_secs(180) {
+    while started.elapsed() < Duration::from_secs(120) {
         if let Ok(ready) = get(server.addr, "/readyz").await {
             assert_ne!(ready.status, 200, "a foreign process was counted ready:\n{}", server.log());
         }
@@ -314,7 +334,7 @@ startup_timeout = "60s"
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let log = server.log();
-    assert!(refusals_seen >= 2, "the impostor was not recognised twice within 180 s:\n{log}");
+    assert!(refusals_seen >= 2, "the impostor was not recognised twice within 120 s:\n{log}");
     for worker in workers(&server).await {
         assert_ne!(worker.state, "ready", "{worker:?}");
     }
