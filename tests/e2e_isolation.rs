@@ -135,7 +135,10 @@ fn parent_of(pid: u32) -> u32 {
 fn socket_of(pid: u32) -> PathBuf {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline of a worker");
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let at = args.iter().position(|a| *a == b"--socket").expect("--socket on the worker's command line");
+    let at = args
+        .iter()
+        .position(|a| *a == b"--socket")
+        .expect("--socket on the worker's command line");
     PathBuf::from(String::from_utf8_lossy(args[at + 1]).into_owned())
 }
 
@@ -239,7 +242,11 @@ async fn two_instances_started_together_with_default_settings_each_use_only_thei
 
     assert!(first.terminate(Duration::from_secs(30)).success());
     assert!(second.terminate(Duration::from_secs(30)).success());
-    let left: Vec<_> = std::fs::read_dir(&base).expect("base").flatten().map(|e| e.file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(&base)
+        .expect("base")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert!(left.is_empty(), "instance directories left behind: {left:?}");
 }
 
@@ -276,7 +283,8 @@ async fn a_request_no_pool_can_ever_hold_is_a_4xx_naming_the_limit_without_retry
 
 /// A stand-in for `layad-worker-gpu` that starts the real worker as another process (its own
 /// child, so not the pid the supervisor spawned) with the same flags, nonce included, and then
-/// waits without ever listening itself: the socket is answered, correctly, by a foreign process.
+/// waits without ever listening itself, until the supervisor's liveness pipe (its stdin) closes:
+/// the socket is answered, correctly, by a foreign process.
 fn impostor_binaries(dir: &Path, pids: &Path) {
     std::fs::create_dir_all(dir).expect("mkdir");
     let real = bin_dir().join("layad-worker-gpu");
@@ -284,7 +292,7 @@ fn impostor_binaries(dir: &Path, pids: &Path) {
     let script = format!(
         // A background command's stdin becomes /dev/null (even `<&0` then reads that), and stdin is
         // the liveness pipe: keep it on fd 3 first.
-        "#!/bin/sh\nexec 3<&0\n\"{real}\" \"$@\" <&3 3<&- &\necho $! >> \"{pids}\"\nexec /bin/sleep 600 3<&-\n",
+        "#!/bin/sh\nexec 3<&0\n\"{real}\" \"$@\" <&3 3<&- &\necho $! >> \"{pids}\"\nexec /bin/cat >/dev/null 3<&-\n",
         real = real.display(),
         pids = pids.display()
     );
@@ -325,7 +333,12 @@ startup_timeout = "60s"
     let mut refusals_seen = 0;
     while started.elapsed() < Duration::from_secs(120) {
         if let Ok(ready) = get(server.addr, "/readyz").await {
-            assert_ne!(ready.status, 200, "a foreign process was counted ready:\n{}", server.log());
+            assert_ne!(
+                ready.status,
+                200,
+                "a foreign process was counted ready:\n{}",
+                server.log()
+            );
         }
         refusals_seen = server.log().matches(refusal).count();
         if refusals_seen >= 2 {
@@ -334,7 +347,10 @@ startup_timeout = "60s"
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let log = server.log();
-    assert!(refusals_seen >= 2, "the impostor was not recognised twice within 120 s:\n{log}");
+    assert!(
+        refusals_seen >= 2,
+        "the impostor was not recognised twice within 120 s:\n{log}"
+    );
     for worker in workers(&server).await {
         assert_ne!(worker.state, "ready", "{worker:?}");
     }
