@@ -168,7 +168,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedIo<S> {
                         this.state = next;
                         continue;
                     }
-                    if ready!(this.fill(cx))? == 0 {
+                    let Poll::Ready(filled) = this.fill(cx) else {
+                        // Everything sent so far is read and no head is whole: a slow or idle client.
+                        this.connection.stalled();
+                        return Poll::Pending;
+                    };
+                    if filled? == 0 {
                         // The client closed; a partial head is dropped.
                         this.state = ReadState::Closed;
                     }

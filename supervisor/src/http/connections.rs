@@ -3,7 +3,9 @@
 //!
 //! At `server.max_connections` a new client is still accepted when some connection is only waiting:
 //! the oldest waiting one is closed to make room, so a request that arrives whole is never starved
-//! by clients that trickle their headers (slowloris). One peer holds at most
+//! by clients that trickle their headers (slowloris). A connection counts as waiting only once a
+//! read has found no whole head in it: a new connection whose head is already there is read before
+//! it can be chosen, however fast slow clients reconnect. One peer holds at most
 //! `server.max_connections_per_client`; past that its own oldest waiting connection makes room, and
 //! a new one is refused only when all of that peer's connections carry requests.
 
@@ -49,6 +51,8 @@ pub struct Connection {
     peer: IpAddr,
     /// Requests whose head has arrived and whose response is not yet written.
     requests: AtomicUsize,
+    /// A read found no whole request head (the client is slow, or idles between requests).
+    stalled: AtomicBool,
     /// The response to the request in progress must close the connection (its body was chunked, so
     /// the next head's start is not known to the head check).
     close_after: AtomicBool,
@@ -135,6 +139,7 @@ impl Connections {
             id,
             peer,
             requests: AtomicUsize::new(0),
+            stalled: AtomicBool::new(false),
             close_after: AtomicBool::new(false),
             refusal: Mutex::new(None),
             evict: CancellationToken::new(),
@@ -199,9 +204,17 @@ impl Table {
 }
 
 impl Connection {
-    /// Whether it carries no request (it waits for a head, or idles between requests).
+    /// Whether it carries no request and a read found no whole head in it (it waits for a head, or
+    /// idles between requests): only such a connection is closed to make room.
     pub fn waiting(&self) -> bool {
-        self.requests.load(Ordering::Acquire) == 0
+        self.requests.load(Ordering::Acquire) == 0 && self.stalled.load(Ordering::Acquire)
+    }
+
+    /// A read found no whole request head: the connection may now be closed to make room.
+    pub fn stalled(&self) {
+        if !self.stalled.swap(true, Ordering::AcqRel) {
+            self.changed.notify_waiters();
+        }
     }
 
     /// A request head has arrived whole.
@@ -268,9 +281,13 @@ mod tests {
         let first = table.admit(A).expect("1");
         let second = table.admit(A).expect("2");
         let third = table.admit(B).expect("3");
+        for c in [&first, &second, &third] {
+            c.connection().stalled();
+        }
         first.connection().begin_request();
         // The oldest that only waits is the second.
         let fourth = table.admit(B).expect("room made");
+        fourth.connection().stalled();
         assert!(second.connection().evict.is_cancelled());
         assert!(!first.connection().evict.is_cancelled() && !third.connection().evict.is_cancelled());
         assert_eq!(table.len(), 3);
@@ -292,6 +309,8 @@ mod tests {
         let table = Connections::new(4, 2);
         let a1 = table.admit(A).expect("a1");
         let a2 = table.admit(A).expect("a2");
+        a1.connection().stalled();
+        a2.connection().stalled();
         a1.connection().begin_request();
         a2.connection().begin_request();
         assert!(table.admit(A).is_none(), "A holds its two places with requests");
@@ -302,10 +321,23 @@ mod tests {
         assert!(!a1.connection().evict.is_cancelled());
     }
 
+    #[test]
+    fn a_connection_not_yet_read_is_never_closed_to_make_room() {
+        let table = Connections::new(2, 2);
+        let unread = table.admit(A).expect("unread");
+        let slow = table.admit(A).expect("slow");
+        slow.connection().stalled();
+        let _third = table.admit(A).expect("the slow one makes room");
+        assert!(slow.connection().evict.is_cancelled());
+        assert!(!unread.connection().evict.is_cancelled());
+        assert!(table.admit(A).is_none(), "nothing read yet is closable");
+    }
+
     #[tokio::test]
     async fn room_waits_until_a_connection_closes_or_goes_idle() {
         let table = Connections::new(1, 1);
         let only = table.admit(A).expect("only");
+        only.connection().stalled();
         only.connection().begin_request();
         let waiter = {
             let table = Arc::clone(&table);
