@@ -5,7 +5,7 @@
 # stops it. Prints each probe's JSON and the CPU model.
 #
 #   PROFILE=debug tools/reliability/measure.sh          # or release (build it first)
-#   SLOW_CONNECTIONS=1500 SLOW_DURATION=60 tools/reliability/measure.sh
+#   SLOW_CONNECTIONS=1500 SLOW_DURATION=60 SLOW_SOURCE=127.0.0.2 tools/reliability/measure.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 profile=${PROFILE:-release}
@@ -39,7 +39,7 @@ python3 "$root/tools/reliability/long_text_rss.py" --addr "127.0.0.1:$port" --pi
   --requests "${RSS_REQUESTS:-8}" --text-bytes "${RSS_TEXT_BYTES:-1500000}" --settle "${RSS_SETTLE:-30}"
 echo "== slowloris_probe"
 python3 "$root/tools/reliability/slowloris_probe.py" --addr "127.0.0.1:$port" \
-  --connections "${SLOW_CONNECTIONS:-1500}" --duration "${SLOW_DURATION:-60}"
+  --connections "${SLOW_CONNECTIONS:-1500}" --duration "${SLOW_DURATION:-60}" ${SLOW_SOURCE:+--slow-source "$SLOW_SOURCE"}
 echo "== supervisor log: warnings"
 grep -c "WARN" "$work/layad.log" || true
 grep "connection limit reached" "$work/layad.log" | tail -1 | cut -c1-400 || true

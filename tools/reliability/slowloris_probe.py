@@ -45,10 +45,11 @@ class Counters:
         self.connect_failures = 0
 
 
-async def slow_client(host, port, tick, stop, counters):
+async def slow_client(host, port, source, tick, stop, counters):
     while not stop.is_set():
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            local = (source, 0) if source else None
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, local_addr=local), 5)
         except (OSError, asyncio.TimeoutError):
             counters.connect_failures += 1
             await asyncio.sleep(tick)
@@ -103,9 +104,12 @@ async def main():
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of probing")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between a slow client's bytes")
     parser.add_argument("--probe-every", type=float, default=0.2, help="pause between probes, seconds")
+    parser.add_argument("--slow-source", default=None, help="loopback address the slow clients connect from (e.g. 127.0.0.2; default: the same as the probes)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds the slow clients connect before probing")
     args = parser.parse_args()
     host, port = loopback(args.addr)
+    if args.slow_source and not ipaddress.ip_address(args.slow_source).is_loopback:
+        raise SystemExit("--slow-source must be a loopback address")
     connections = min(args.connections, MAX_CONNECTIONS)
     duration = min(args.duration, MAX_DURATION)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -117,7 +121,7 @@ async def main():
     counters = Counters()
     slow = []
     for _ in range(connections):
-        slow.append(asyncio.create_task(slow_client(host, port, args.tick, stop, counters)))
+        slow.append(asyncio.create_task(slow_client(host, port, args.slow_source, args.tick, stop, counters)))
         await asyncio.sleep(0.002)
     await asyncio.sleep(args.warmup)
 
