@@ -350,6 +350,9 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
     if server.max_connections == 0 {
         report(&["server", "max_connections"], "must be at least 1".into());
     }
+    if server.max_connections_per_client == 0 {
+        report(&["server", "max_connections_per_client"], "must be at least 1".into());
+    }
     for (key, value) in [
         ("body_timeout", server.body_timeout),
         ("request_timeout", server.request_timeout),

@@ -91,8 +91,13 @@ pub struct ServerConfig {
     /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
-    /// Most open client connections; further clients wait in the kernel's accept queue.
+    /// Most open client connections. At the cap the oldest connection that has not sent a request
+    /// head (or idles between requests) is closed for a new one; while all carry requests, further
+    /// clients wait in the kernel's accept queue.
     pub max_connections: usize,
+    /// Most connections one client address may hold (at most `max_connections`); past it the
+    /// client's own oldest waiting connection is closed, or the new one when all carry requests.
+    pub max_connections_per_client: usize,
     /// Upstream's `LAYA_AUTO_TASK`: route requests whose question ids match a typed-decisions
     /// workflow to the typed-decisions checkpoint.
     pub auto_task: bool,
@@ -112,6 +117,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
             max_connections: 512,
+            max_connections_per_client: 256,
             auto_task: false,
             diagnostics: true,
         }

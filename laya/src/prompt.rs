@@ -69,20 +69,28 @@ pub fn build_rows(
     let unmask = |text: &str| text.replace(special.mask_text.as_str(), " ");
     // A conversation (JSON array) keeps its newest end; everything else keeps its start.
     let truncate_left = matches!(state, Some(Value::Array(_)));
-    let state_ids = tokenizer.encode(&unmask(&serialize_state(state)))?;
     let RowLimits { max_len, head_max_len } = limits;
+    // Only a row's worth of each text can reach a row: the state's first (or last) `max_len` tokens,
+    // the head's first `head_max_len` (at least 8, see below), an option's first 48.
+    let state_text = unmask(&serialize_state(state));
+    let state_ids = if truncate_left {
+        tokenizer.encode_last(&state_text, max_len)?
+    } else {
+        tokenizer.encode_first(&state_text, max_len)?
+    };
+    drop(state_text);
 
     questions
         .iter()
         .map(|q| {
             let head_text = format!("{} question: {}", q.qtype.as_str(), unmask(&q.instructions));
-            let mut head_ids = tokenizer.encode(&head_text)?;
+            let mut head_ids = tokenizer.encode_first(&head_text, head_max_len.max(8))?;
             let mut options = Vec::with_capacity(q.options.len());
             for text in &q.options {
                 let mut ids = Vec::with_capacity(OPTION_TOKEN_CAP + 1);
                 ids.push(special.mask);
-                let tokens = tokenizer.encode(&format!(" {}", unmask(text)))?;
-                ids.extend(tokens.into_iter().take(OPTION_TOKEN_CAP));
+                let tokens = tokenizer.encode_first(&format!(" {}", unmask(text)), OPTION_TOKEN_CAP)?;
+                ids.extend(tokens);
                 options.push(ids);
             }
             let option_len = |options: &[Vec<u32>]| options.iter().map(Vec::len).sum::<usize>();

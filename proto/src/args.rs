@@ -56,6 +56,13 @@ pub struct WorkerArgs {
     /// Log lines on stderr: json (for the supervisor) or pretty.
     #[arg(long, default_value = "json", value_name = "FORMAT")]
     pub log_format: LogFormat,
+
+    /// A value fresh for every start, echoed in Describe (`spawn_nonce`): with the socket peer's
+    /// pid, how the supervisor tells the worker it started from any other process at the socket.
+    /// It is not a secret (command lines are visible to other local users); the pid check is what
+    /// another process cannot fake.
+    #[arg(long, value_name = "HEX")]
+    pub spawn_nonce: Option<String>,
 }
 
 /// `NAME=DIR`.
@@ -74,6 +81,9 @@ impl WorkerArgs {
             args.extend(["--liveness-fd".into(), fd.to_string().into()]);
         }
         args.extend(["--log-format".into(), self.log_format.as_str().into()]);
+        if let Some(nonce) = &self.spawn_nonce {
+            args.extend(["--spawn-nonce".into(), nonce.into()]);
+        }
         for (name, dir) in &self.checkpoints {
             let mut arg = OsString::from(format!("{name}="));
             arg.push(dir);
@@ -130,6 +140,7 @@ mod tests {
             length_buckets: vec![64, 128],
             liveness_fd: Some(0),
             log_format: LogFormat::Json,
+            spawn_nonce: Some("0123456789abcdef0123456789abcdef".into()),
         };
         assert_eq!(parse(&written.to_args()).expect("parses"), written);
     }
@@ -153,6 +164,7 @@ mod tests {
             (DEFAULT_MAX_ROWS, DEFAULT_MAX_BATCH_TOKENS, "auto", LogFormat::Json)
         );
         assert!(read.length_buckets.is_empty() && read.threads.is_none() && read.liveness_fd.is_none());
+        assert!(read.spawn_nonce.is_none());
         assert!(parse(&["--socket".into(), "/s".into()]).is_err());
         let bad =
             parse(&["--socket".into(), "/s".into(), "--checkpoint".into(), "english".into()]).expect_err("refused");

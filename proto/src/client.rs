@@ -1,5 +1,9 @@
 //! The supervisor's gRPC client for one worker socket: connects over the Unix socket, refuses a worker
 //! that speaks another protocol revision, and sorts failures into retryable and not.
+//!
+//! [`WorkerClient::connect_spawned`] also makes the worker prove it is the process the supervisor
+//! started: the socket's peer (`SO_PEERCRED` on Linux, `LOCAL_PEERPID` on macOS) must be that pid on
+//! every connection the channel opens, and Describe must echo the nonce it was started with.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +37,23 @@ pub struct ForwardResult {
     pub queue_us: u64,
 }
 
+/// What the supervisor knows of a worker it started, for the worker to prove before it is used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpawnedWorker {
+    /// The process id of the child: the process listening on the socket must be this one.
+    pub pid: u32,
+    /// The nonce on its command line (`--spawn-nonce`), which its Describe must echo.
+    pub nonce: String,
+}
+
+/// The socket's peer is another process than the worker that was started.
+#[derive(Debug, thiserror::Error)]
+#[error("the process listening on it is {found}, not the worker started as pid {expected}")]
+struct PeerMismatch {
+    expected: u32,
+    found: String,
+}
+
 /// Why a call to a worker failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -50,6 +71,15 @@ pub enum ClientError {
         /// The socket path.
         socket: PathBuf,
         /// What the worker said (its revision, or that it lacks the v1 service).
+        detail: String,
+    },
+    /// Something answers on the socket, but not the worker that was started (another pid, or a
+    /// Describe without its nonce). It must never be used; waiting will not change that.
+    #[error("worker socket {socket} is not answered by the worker this supervisor started: {detail}")]
+    NotOurWorker {
+        /// The socket path.
+        socket: PathBuf,
+        /// What did not match.
         detail: String,
     },
     /// The worker refused the request as malformed (INVALID_ARGUMENT); the message names the problem.
@@ -124,22 +154,74 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The peer mismatch behind `error`, if that is why connecting failed.
+fn peer_mismatch<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a PeerMismatch> {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(mismatch) = error.downcast_ref::<PeerMismatch>() {
+            return Some(mismatch);
+        }
+        // An io::Error's `source()` skips the error it wraps: look inside.
+        if let Some(mismatch) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<PeerMismatch>())
+        {
+            return Some(mismatch);
+        }
+        source = error.source();
+    }
+    None
+}
+
+/// Opens `path` and, when `expected` is given, checks that the listening process is that pid.
+async fn open_socket(path: PathBuf, expected: Option<u32>) -> std::io::Result<TokioIo<UnixStream>> {
+    let stream = UnixStream::connect(path).await?;
+    if let Some(expected) = expected {
+        let found = stream.peer_cred()?.pid();
+        if found.and_then(|pid| u32::try_from(pid).ok()) != Some(expected) {
+            let found = found.map_or_else(|| "a process of unknown pid".to_owned(), |pid| format!("pid {pid}"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                PeerMismatch { expected, found },
+            ));
+        }
+    }
+    Ok(TokioIo::new(stream))
+}
+
 impl WorkerClient {
     /// Connects to the worker listening on `socket` and checks its protocol revision.
     pub async fn connect_uds(socket: impl AsRef<Path>) -> Result<Self, ClientError> {
-        let socket = socket.as_ref().to_owned();
-        let connect_error = |error: &dyn std::error::Error| ClientError::Connect {
-            socket: socket.clone(),
-            reason: error_chain(error),
+        Self::connect(socket.as_ref(), None).await
+    }
+
+    /// Connects to the worker the supervisor started as `spawned`: like
+    /// [`WorkerClient::connect_uds`], and the process listening must be `spawned.pid` (checked on
+    /// every connection the channel opens) and its Describe must echo `spawned.nonce`; otherwise
+    /// [`ClientError::NotOurWorker`].
+    pub async fn connect_spawned(socket: impl AsRef<Path>, spawned: &SpawnedWorker) -> Result<Self, ClientError> {
+        Self::connect(socket.as_ref(), Some(spawned)).await
+    }
+
+    async fn connect(socket: &Path, spawned: Option<&SpawnedWorker>) -> Result<Self, ClientError> {
+        let socket = socket.to_owned();
+        let connect_error = |error: &(dyn std::error::Error + 'static)| match peer_mismatch(error) {
+            Some(mismatch) => ClientError::NotOurWorker {
+                socket: socket.clone(),
+                detail: mismatch.to_string(),
+            },
+            None => ClientError::Connect {
+                socket: socket.clone(),
+                reason: error_chain(error),
+            },
         };
         // The URI is required by the HTTP layer but never resolved: the connector below opens the socket.
         let endpoint = Endpoint::try_from("http://worker.invalid").map_err(|e| connect_error(&e))?;
         let path = socket.clone();
+        let expected = spawned.map(|s| s.pid);
         let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }))
+            .connect_with_connector(tower::service_fn(move |_| open_socket(path.clone(), expected)))
             .await
             .map_err(|e| connect_error(&e))?;
         let client = WorkerClient {
@@ -160,6 +242,17 @@ impl WorkerClient {
             return Err(ClientError::VersionMismatch {
                 socket: client.socket,
                 detail: format!("speaks layad.worker.v1 revision {}", info.protocol_version),
+            });
+        }
+        if let Some(spawned) = spawned
+            && (info.spawn_nonce != spawned.nonce || info.pid != spawned.pid)
+        {
+            return Err(ClientError::NotOurWorker {
+                socket: client.socket,
+                detail: format!(
+                    "its Describe says pid {} with spawn nonce {:?}; the worker started was pid {} with another nonce",
+                    info.pid, info.spawn_nonce, spawned.pid
+                ),
             });
         }
         Ok(client)

@@ -24,7 +24,7 @@ pub mod rows;
 mod warmup;
 
 pub use args::WorkerArgs;
-pub use client::{ClientError, ForwardResult, WorkerClient};
+pub use client::{ClientError, ForwardResult, SpawnedWorker, WorkerClient};
 pub use engine::{
     Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport,
 };

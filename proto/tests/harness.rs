@@ -11,7 +11,7 @@ use layad_proto::harness::{LoadError, serve};
 use layad_proto::pb::{self, WorkerState};
 use layad_proto::{
     ClientError, Engine, EngineError, EngineInfo, EngineOutput, EngineRow, HarnessError, HarnessOptions,
-    LoadedCheckpoint, ServeOutcome, StopReason, WarmupPolicy, WorkerClient,
+    LoadedCheckpoint, ServeOutcome, SpawnedWorker, StopReason, WarmupPolicy, WorkerClient,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -105,6 +105,7 @@ fn options(socket: &Path) -> HarnessOptions {
             multi_rows: 3,
             runs: 2,
         },
+        spawn_nonce: "toy-nonce".into(),
     }
 }
 
@@ -216,6 +217,47 @@ async fn binds_only_once_warm_and_describes_what_runs() {
     let outcome = worker.task.await.expect("join").expect("serve");
     assert_eq!(outcome, ServeOutcome::Terminated { forwards_served: 1 });
     assert!(!worker.socket.exists(), "socket removed at exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_spawned_process_with_its_nonce_is_accepted() {
+    let worker = start(0, false, None);
+    let client = connect(&worker.socket).await;
+    assert_eq!(client.describe().await.expect("describe").spawn_nonce, "toy-nonce");
+    // The harness runs in this test process: its pid is the socket's peer.
+    let ours = SpawnedWorker {
+        pid: std::process::id(),
+        nonce: "toy-nonce".into(),
+    };
+    WorkerClient::connect_spawned(&worker.socket, &ours)
+        .await
+        .expect("the spawned worker is accepted");
+    let other_pid = SpawnedWorker {
+        pid: std::process::id() + 1,
+        ..ours.clone()
+    };
+    let error = WorkerClient::connect_spawned(&worker.socket, &other_pid)
+        .await
+        .expect_err("another pid");
+    assert!(
+        matches!(&error, ClientError::NotOurWorker { detail, .. }
+            if detail == &format!("the process listening on it is pid {}, not the worker started as pid {}", std::process::id(), other_pid.pid)),
+        "{error}"
+    );
+    assert!(!error.is_retryable());
+    let other_nonce = SpawnedWorker {
+        nonce: "another-nonce".into(),
+        ..ours
+    };
+    let error = WorkerClient::connect_spawned(&worker.socket, &other_nonce)
+        .await
+        .expect_err("another nonce");
+    assert!(
+        matches!(&error, ClientError::NotOurWorker { detail, .. } if detail.contains("spawn nonce \"toy-nonce\"")),
+        "{error}"
+    );
+    worker.stop.send(StopReason::Terminate).await.expect("stop");
+    worker.task.await.expect("join").expect("serve");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,7 +136,8 @@ pub enum BackendError {
     /// No ready worker serves the checkpoint right now (503).
     #[error("no ready worker serves checkpoint '{}'", .0.as_str())]
     CheckpointUnavailable(CheckpointName),
-    /// No pool can run the job's shape in one forward pass (503 naming the limits).
+    /// No pool of the running configuration can run the job's shape in one forward pass, so it
+    /// never will (413 naming the limits, no `Retry-After`).
     #[error("{0}")]
     NoCapablePool(String),
     /// The worker failed on this job (500 `inference failed`); the text is logged, never sent.

@@ -30,7 +30,7 @@ pub enum Command {
     /// Validate the configuration and open every served checkpoint; exit 0 if all is well, else 1.
     Check(CheckArgs),
     /// Make the running server re-read its configuration (SIGHUP) and report how it went.
-    Reload(CheckArgs),
+    Reload(ReloadArgs),
     /// Download checkpoints into the Hugging Face cache (shared with upstream laya).
     Fetch(FetchArgs),
     /// Run layad as a launchd (macOS) or systemd (Linux) service.
@@ -97,6 +97,18 @@ pub struct CheckArgs {
     /// TOML configuration file (see config/README.md); without one, the built-in defaults.
     #[arg(long, env = layad_config::load::CONFIG_FILE_VAR, value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+/// `layad reload` flags.
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
+    /// TOML configuration file (see config/README.md); without one, the built-in defaults.
+    #[arg(long, env = layad_config::load::CONFIG_FILE_VAR, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The address of the server to reload; by default the running instance started with the same
+    /// configuration file (found in the socket directory), else `server.listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
 }
 
 /// Runs a parsed command line.
@@ -227,10 +239,11 @@ fn serve(args: ServeArgs) -> ExitCode {
 }
 
 /// `layad reload`: checks the configuration here first (a broken file is reported without
-/// bothering the server), then sends SIGHUP to the server listening at `server.listen` (its pid
-/// from `/health`) and waits for `/health` to report the outcome.
-fn reload(args: CheckArgs) -> ExitCode {
-    let sources = Sources::with_process_env(args.config, Flags::default());
+/// bothering the server), then finds the server (`--listen`, else the running instance started with
+/// this configuration file, else `server.listen`), sends it SIGHUP (its pid from `/health`) and
+/// waits for `/health` to report the outcome.
+fn reload(args: ReloadArgs) -> ExitCode {
+    let sources = Sources::with_process_env(args.config.clone(), Flags::default());
     let config = match Config::load(&sources) {
         Ok(config) => config,
         Err(e) => {
@@ -245,7 +258,8 @@ fn reload(args: CheckArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(signal_reload(config.server.listen)) {
+    let target = crate::reload_client::find_server(&config, args.config.as_deref(), args.listen);
+    match runtime.block_on(crate::reload_client::signal_reload(&target)) {
         Ok(changes) => {
             println!(
                 "reloaded: {}",
@@ -262,68 +276,6 @@ fn reload(args: CheckArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `GET /health` of the local server at `listen`.
-async fn local_health(listen: SocketAddr) -> Result<serde_json::Value, String> {
-    use http_body_util::{BodyExt, Empty};
-    let mut addr = listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        });
-    }
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("no layad answers on {addr} (server.listen): {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("{addr}: {e}"))?;
-    tokio::spawn(connection);
-    let request = hyper::Request::get("/health")
-        .header(hyper::header::HOST, "localhost")
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("{addr} did not answer HTTP: {e}"))?;
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("{addr}/health: {e}"))?
-        .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| format!("{addr}/health is not layad's: {e}"))
-}
-
-async fn signal_reload(listen: SocketAddr) -> Result<Vec<String>, String> {
-    let attempt = |health: &serde_json::Value| health["reload"]["attempt"].as_u64().unwrap_or(0);
-    let before = local_health(listen).await?;
-    let pid = before["pid"]
-        .as_u64()
-        .and_then(|p| i32::try_from(p).ok())
-        .ok_or_else(|| format!("{listen}/health does not give a pid; is it layad?"))?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGHUP)
-        .map_err(|e| format!("cannot signal layad (pid {pid}): {e}"))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let health = local_health(listen).await?;
-        if attempt(&health) > attempt(&before) {
-            let reload = &health["reload"];
-            if let Some(error) = reload["error"].as_str() {
-                return Err(format!("refused; the running configuration stays: {error}"));
-            }
-            let changes = reload["changes"].as_array().cloned().unwrap_or_default();
-            return Ok(changes.iter().filter_map(|c| c.as_str().map(str::to_owned)).collect());
-        }
-    }
-    Err(format!(
-        "SIGHUP sent to pid {pid}, but /health reported no reload within 30 s"
-    ))
 }
 
 /// `layad check`: the configuration, then one block per checkpoint; exit 1 on any problem.

@@ -2,6 +2,10 @@
 //! async reactor, run the rows on the backend within the request's deadline, then render the
 //! answers byte for byte as upstream does. Knows nothing of HTTP; its errors say what went wrong
 //! and `http::response` turns them into answers.
+//!
+//! Preparation is CPU and memory work proportional to the body (at most `server.max_body_bytes`;
+//! tokenization is bounded by what a row can hold): at most one request per core prepares at once,
+//! the others wait for a turn within their deadline.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +16,7 @@ use laya::python_text::{Separators, py_json};
 use laya::request::{RequestError, parse_body};
 use laya::routing::CheckpointName;
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, BackendError, Job, JobOutput};
 use crate::checkpoints::Checkpoints;
@@ -66,6 +71,13 @@ pub struct Decisions {
     options: DecisionOptions,
     request_timeout: Duration,
     live: Arc<LiveSettings>,
+    /// Turns to prepare a request: one per core.
+    preparing: Arc<Semaphore>,
+}
+
+/// How many requests prepare at once: the cores (parsing and tokenizing use one each).
+fn preparation_turns() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 impl Decisions {
@@ -83,6 +95,7 @@ impl Decisions {
             options,
             request_timeout,
             live,
+            preparing: Arc::new(Semaphore::new(preparation_turns())),
         }
     }
 
@@ -98,8 +111,22 @@ impl Decisions {
         };
         let checkpoints = Arc::clone(&self.checkpoints);
         let options = self.options;
+        let turn = match tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            Arc::clone(&self.preparing).acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(turn)) => turn,
+            Ok(Err(_)) | Err(_) => {
+                outcome.timings.prepare = Some(prepare_started.elapsed());
+                outcome.result = Err(BackendError::DeadlineExpired.into());
+                return outcome;
+            }
+        };
         // JSON parsing and tokenizing are CPU work: keep them off the reactor.
         let prepared = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let request = parse_body(&json)?;
             prepare(&request, |name| checkpoints.get(name), options)
         })

@@ -13,7 +13,7 @@
 //! - [`worker_kind`]: what differs between worker kinds;
 //! - [`status`]: what `/health`, `/readyz` and `/metrics` report;
 //! - [`checkpoints`], [`live`], [`reload`]: the opened checkpoints, the settings a reload changes,
-//!   and SIGHUP / `layad reload`;
+//!   and SIGHUP; [`reload_client`]: `layad reload` (which server, signal, outcome);
 //! - [`metrics`], [`telemetry`], [`shutdown`], [`error`]: `/metrics`, logging, the signal future,
 //!   start-up errors;
 //! - [`cli`]: `layad serve|check|reload|fetch|service`; [`install`]: launchd and systemd services.
@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod pool;
 pub mod process;
 pub mod reload;
+pub mod reload_client;
 pub mod scheduler;
 pub mod shutdown;
 pub mod status;
@@ -48,6 +49,7 @@ use crate::backend::Backend;
 use crate::checkpoints::Checkpoints;
 use crate::error::LayadError;
 use crate::process::Workers;
+use crate::process::runtime_dir::{InstanceRecord, RuntimeDir};
 
 pub use crate::http::server::{Server, ShutdownReport};
 
@@ -68,8 +70,10 @@ pub async fn run(
     options: RunOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<ShutdownReport, LayadError> {
+    // First: a socket directory that cannot be made private stops start-up before any download.
+    let runtime_dir = RuntimeDir::create(&process::socket_base(&config))?;
     let checkpoints = Arc::new(open_checkpoints(&config, options.offline).await?);
-    let workers = Workers::start(&config, &checkpoints)?;
+    let workers = Workers::start(&config, &checkpoints, runtime_dir.path())?;
     let backend: Arc<dyn Backend> = workers.scheduler();
     tokio::spawn(announce_ready_task(
         config.server.listen,
@@ -80,6 +84,18 @@ pub async fn run(
         Ok(server) => {
             if let Ok(addr) = server.local_addr() {
                 tracing::info!(%addr, "listening");
+                let record = InstanceRecord {
+                    pid: std::process::id(),
+                    listen: addr,
+                    config: options
+                        .reload_from
+                        .as_ref()
+                        .and_then(|s| s.file.as_ref())
+                        .map(|file| std::fs::canonicalize(file).unwrap_or_else(|_| file.clone())),
+                };
+                if let Err(error) = runtime_dir.record(&record) {
+                    tracing::warn!(%error, "cannot write the instance record; `layad reload` needs --listen");
+                }
             }
             let live = server.live();
             let reloads = async {
@@ -97,6 +113,7 @@ pub async fn run(
     };
     // Whether HTTP stopped cleanly or failed to start, no worker may outlive us.
     workers.stop().await;
+    drop(runtime_dir);
     let report = served?;
     tracing::info!(drained = report.drained, "stopped");
     Ok(report)

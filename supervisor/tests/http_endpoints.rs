@@ -444,7 +444,7 @@ async fn metrics_count_requests_and_read_the_pools() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backend_failures_become_retryable_503s_or_500() {
+async fn backend_failures_become_retryable_503s_a_permanent_413_or_a_500() {
     let server = TestServer::start(|_| {}).await;
     let (body, _) = large_golden_case();
     let cases = [
@@ -467,6 +467,12 @@ async fn backend_failures_become_retryable_503s_or_500() {
             503,
             "request timed out waiting for a worker; try again later",
             Some("1"),
+        ),
+        (
+            BackendError::NoCapablePool("no pool can run 40 questions of up to 900 tokens in one forward pass".into()),
+            413,
+            "no pool can run 40 questions of up to 900 tokens in one forward pass",
+            None,
         ),
         (
             BackendError::Failed("device lost".into()),

@@ -151,9 +151,13 @@ impl Response {
 
 /// Sends `request` on a new connection and reads one response.
 pub async fn exchange(addr: SocketAddr, request: &Request) -> std::io::Result<Response> {
+    exchange_raw(addr, request.wire(addr)).await
+}
+
+/// Writes `wire` as it is (any bytes at all) on a new connection and reads one response.
+pub async fn exchange_raw(addr: SocketAddr, wire: Vec<u8>) -> std::io::Result<Response> {
     let stream = TcpStream::connect(addr).await?;
     let (mut reader, mut writer) = stream.into_split();
-    let wire = request.wire(addr);
     let writer_task = tokio::spawn(async move {
         // The server may answer and close before reading everything; that is what some tests check.
         let _ = writer.write_all(&wire).await;

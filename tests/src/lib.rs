@@ -16,7 +16,7 @@ pub mod goldens;
 pub mod http;
 
 pub use goldens::{deliberate_difference, fixture_json, json_differences};
-pub use http::{Framing, Request, Response, get, post_json, request, send};
+pub use http::{Framing, Request, Response, exchange_raw, get, post_json, request, send};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -90,6 +90,18 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// Where a test server's workers get their sockets (`workers.socket_dir`).
+#[derive(Clone, Copy, Debug)]
+pub enum SocketDir<'a> {
+    /// A directory of the server's own, removed with it (what most tests want: other layad instances
+    /// on this machine never share it).
+    Own,
+    /// This path, as given.
+    At(&'a Path),
+    /// Not set: layad's default (`$XDG_RUNTIME_DIR/layad`, else `<temp>/layad-<uid>`).
+    Default,
+}
+
 /// A running `layad serve`.
 pub struct Server {
     child: Child,
@@ -103,6 +115,11 @@ impl Server {
     /// Starts `layad serve` with `config` (TOML; `{listen}` is not needed: `--listen` is passed)
     /// on the fixture checkpoints, with extra environment `env`. Does not wait for readiness.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Server {
+        Self::start_with_sockets(config, env, SocketDir::Own)
+    }
+
+    /// Like [`Server::start`], with the workers' socket directory chosen by `sockets`.
+    pub fn start_with_sockets(config: &str, env: &[(&str, &str)], sockets: SocketDir<'_>) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("layad.toml");
         std::fs::write(&config_path, config).expect("write config");
@@ -116,10 +133,19 @@ impl Server {
             .env("HF_HOME", fixture_hf_home())
             .env("HF_HUB_OFFLINE", "1")
             .env_remove("LAYA_API_KEY")
-            .env("LAYAD_WORKERS__SOCKET_DIR", dir.path().join("sockets"))
+            .env_remove("LAYAD_WORKERS__SOCKET_DIR")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
+        match sockets {
+            SocketDir::Own => {
+                command.env("LAYAD_WORKERS__SOCKET_DIR", dir.path().join("sockets"));
+            }
+            SocketDir::At(path) => {
+                command.env("LAYAD_WORKERS__SOCKET_DIR", path);
+            }
+            SocketDir::Default => {}
+        }
         for (k, v) in env {
             command.env(k, v);
         }

@@ -45,6 +45,8 @@ pub struct HarnessOptions {
     pub worker: String,
     /// Shapes and repetitions of the warm-up.
     pub warmup: WarmupPolicy,
+    /// The nonce given on the command line, echoed in Describe (empty: none given).
+    pub spawn_nonce: String,
 }
 
 impl HarnessOptions {
@@ -56,6 +58,7 @@ impl HarnessOptions {
             requested_device: args.device.clone(),
             worker,
             warmup: WarmupPolicy::default(),
+            spawn_nonce: args.spawn_nonce.clone().unwrap_or_default(),
         }
     }
 }

@@ -63,6 +63,7 @@ impl Shared {
             forwards_in_flight: 0,
             failure: None,
             parity_gate: started.parity,
+            spawn_nonce: options.spawn_nonce.clone(),
             cpu_kernels: started.cpu_kernels,
         };
         Shared {

@@ -120,7 +120,11 @@ impl From<BackendError> for ApiError {
                 format!("checkpoint '{}' has no ready worker; try again later", name.as_str()),
                 Duration::from_secs(1),
             ),
-            BackendError::NoCapablePool(why) => Self::unavailable(why, Duration::from_secs(1)),
+            // Permanent with the running configuration: no pool can hold the job in one forward,
+            // so retrying the same request can never succeed. 413 (RFC 9110 §15.5.14: content
+            // larger than the server is able to process), without `Retry-After`, like upstream's
+            // 413 for too many questions.
+            BackendError::NoCapablePool(why) => Self::new(StatusCode::PAYLOAD_TOO_LARGE, why),
             BackendError::Failed(_) => Self::inference_failed(),
         }
     }
@@ -157,7 +161,7 @@ mod tests {
     use laya::routing::CheckpointName;
 
     #[test]
-    fn backend_failures_map_to_retryable_503s_or_a_500() {
+    fn transient_backend_failures_map_to_retryable_503s_and_failures_to_a_500() {
         let busy = ApiError::from(BackendError::Overloaded {
             retry_after: Duration::from_millis(2500),
         });
@@ -187,6 +191,17 @@ mod tests {
             (StatusCode::INTERNAL_SERVER_ERROR, "inference failed")
         );
         assert!(failed.into_response().headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn a_job_no_pool_can_hold_is_a_413_without_retry_after() {
+        let why = "no pool can run 40 questions of up to 900 tokens in one forward pass: 'gpu' runs at most 32768 padded tokens per forward";
+        let refused = ApiError::from(BackendError::NoCapablePool(why.to_owned()));
+        assert_eq!(
+            (refused.status, refused.detail.as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, why)
+        );
+        assert!(refused.into_response().headers().get(header::RETRY_AFTER).is_none());
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Binding, the connection loop and graceful shutdown, plus the router. On shutdown: stop
 //! accepting, let in-flight requests finish within the grace period, report.
 //!
-//! Our own accept loop rather than `axum::serve`: it caps open connections, bounds how long a
-//! client may take to send its headers, and bounds the drain, none of which `axum::serve` offers.
+//! Our own accept loop rather than `axum::serve`: it caps open connections (making room by closing
+//! connections that have not sent a request head, see `connections`), caps them per peer, checks
+//! every request head before hyper parses it (`connection`), bounds how long a client may take to
+//! send its headers, and bounds the drain, none of which `axum::serve` offers. At bind it raises the
+//! soft limit on open files to what `max_connections` needs, as far as the hard limit allows.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,11 +15,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use laya::decision::DecisionOptions;
 use layad_config::Config;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,7 +27,10 @@ use crate::decisions::Decisions;
 use crate::error::LayadError;
 use crate::http::admission::Admission;
 use crate::http::app::App;
+use crate::http::connection::{ConnectionService, GuardedIo};
+use crate::http::connections::{Connections, Registered};
 use crate::http::middleware::{self, HostCheck};
+use crate::http::protocol::MAX_HEADERS;
 use crate::http::response::ApiError;
 use crate::http::routes;
 use crate::live::LiveSettings;
@@ -46,6 +50,7 @@ pub struct Server {
     listener: TcpListener,
     router: Router,
     max_connections: usize,
+    max_connections_per_client: usize,
     header_timeout: Duration,
     shutdown_grace: Duration,
     live: Arc<LiveSettings>,
@@ -66,6 +71,7 @@ impl Server {
             .local_addr()
             .map_err(|source| LayadError::Bind { addr, source })?;
         let server = &config.server;
+        raise_open_files_limit(server.max_connections);
         let live = Arc::new(LiveSettings::new(config));
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
@@ -92,6 +98,7 @@ impl Server {
             listener,
             router: router(Arc::new(app), host_check),
             max_connections: server.max_connections,
+            max_connections_per_client: server.max_connections_per_client,
             header_timeout: server.body_timeout,
             shutdown_grace: server.shutdown_grace,
             live,
@@ -110,25 +117,22 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains for at most `server.shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> ShutdownReport {
-        let connections = Arc::new(Semaphore::new(self.max_connections));
+        let connections = Connections::new(self.max_connections, self.max_connections_per_client);
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let mut accept_errors = 0u32;
         tokio::pin!(shutdown);
         loop {
-            // The permit is taken before accepting, so past the cap clients wait in the kernel's
-            // backlog instead of holding memory here.
-            let permit = tokio::select! {
+            // While every connection carries a request, new clients wait in the kernel's backlog
+            // instead of holding memory here; a connection that only waits can be closed for one.
+            tokio::select! {
                 () = &mut shutdown => break,
-                permit = Arc::clone(&connections).acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-            };
-            let stream = tokio::select! {
+                () = connections.room() => {}
+            }
+            let (stream, peer) = tokio::select! {
                 () = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _peer)) => stream,
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors and similar: wait rather than spin, keep serving.
                         accept_errors = accept_errors.saturating_add(1);
@@ -139,14 +143,17 @@ impl Server {
                 },
             };
             accept_errors = 0;
+            // No room after all (a waiting connection started a request meanwhile): close this one.
+            let Some(registered) = connections.admit(peer.ip()) else {
+                continue;
+            };
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
-            let service = TowerToHyperService::new(self.router.clone());
             tracker.spawn(connection_task(
                 stream,
-                service,
-                permit,
+                self.router.clone(),
+                registered,
                 self.header_timeout,
                 stop.clone(),
             ));
@@ -174,28 +181,66 @@ impl Server {
 }
 
 /// Serves one connection until it closes; once `stop` is cancelled, idle keep-alive connections close
-/// and a request in progress finishes. Holds its connection `permit` until then.
+/// and a request in progress finishes. The table may close it while it waits for a request head.
+/// Holds its place in the table until then.
 async fn connection_task(
     stream: TcpStream,
-    service: TowerToHyperService<Router>,
-    permit: OwnedSemaphorePermit,
+    router: Router,
+    registered: Registered,
     header_timeout: Duration,
     stop: CancellationToken,
 ) {
-    let _permit = permit;
+    let connection = Arc::clone(registered.connection());
+    let service = ConnectionService::new(router, Arc::clone(&connection));
+    let io = GuardedIo::new(stream, Arc::clone(&connection));
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(connection);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_headers(MAX_HEADERS);
+    let served = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(served);
     let result = tokio::select! {
-        result = connection.as_mut() => result,
+        result = served.as_mut() => result,
+        () = connection.evicted() => {
+            tracing::debug!("closed a connection that had sent no request head, to make room");
+            return;
+        }
         () = stop.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+            served.as_mut().graceful_shutdown();
+            served.await
         }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+    drop(registered);
+}
+
+/// Raises the soft limit on open files (as far as the hard limit allows) to what `max_connections`
+/// client sockets need beside worker sockets, pipes and files; warns when it cannot.
+fn raise_open_files_limit(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let wanted = max_connections as u64 + 256;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= wanted {
+        return;
+    }
+    let raised = wanted.min(hard);
+    if raised > soft
+        && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, raised, hard)
+    {
+        tracing::warn!(%error, soft, hard, "cannot raise the open-files limit");
+        return;
+    }
+    if raised < wanted {
+        tracing::warn!(
+            limit = raised,
+            max_connections,
+            "the open-files limit is below what server.max_connections needs; raise it (ulimit -n) or lower max_connections"
+        );
     }
 }
 

@@ -4,7 +4,9 @@
 //! Restarts double their delay up to a cap and start over once a worker has run for a while; a slot
 //! that crashes too often within the configured window marks its pool degraded, with the reason.
 //! A worker binds its socket only once it is ready; from then on its `Watch` stream tells the slot
-//! when it stops serving (draining, failed), before its process exits.
+//! when it stops serving (draining, failed), before its process exits. It is admitted only once it
+//! has proved it is the process this slot started: the socket's peer pid is the child's and its
+//! Describe echoes the nonce given for this start; anything else answering there is never used.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use laya::routing::CheckpointName;
 use layad_config::Config;
 use layad_proto::client::{ClientError, WorkerClient};
 use layad_proto::logging::LogFormat;
-use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, WorkerArgs, pb};
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, SpawnedWorker, WorkerArgs, pb};
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::worker_task::worker_task;
@@ -65,14 +67,17 @@ impl ManagerSettings {
     }
 }
 
-/// The command line of one worker: the arguments every worker takes, then its kind's own.
-/// `generation` tells apart the sockets of a pool and the pool a reload is replacing it with,
-/// which run side by side for a while.
-fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation: u64) -> WorkerSpec {
+/// The file name of a worker's socket. `generation` tells apart the sockets of a pool and the pool a
+/// reload is replacing it with, which run side by side for a while.
+pub(crate) fn socket_name(pool: &str, generation: u64, index: usize) -> String {
+    format!("{pool}-{generation}-{index}.sock")
+}
+
+/// The command line of one start of a worker: the arguments every worker takes (with this start's
+/// `nonce`), then its kind's own.
+fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation: u64, nonce: String) -> WorkerSpec {
     let (served, config) = (pool.checkpoints(), pool.config());
-    let socket = settings
-        .socket_dir
-        .join(format!("{}-{generation}-{index}.sock", config.name));
+    let socket = settings.socket_dir.join(socket_name(&config.name, generation, index));
     let common = WorkerArgs {
         socket: socket.clone(),
         checkpoints: settings
@@ -90,6 +95,7 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
         // The worker's stdin: see `WorkerProcess`.
         liveness_fd: Some(0),
         log_format: LogFormat::Json,
+        spawn_nonce: Some(nonce.clone()),
     };
     let mut args = common.to_args();
     args.extend((worker_kind::spec(config.worker).extra_args)(config));
@@ -97,26 +103,32 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
         binary: settings.binary_dir.join(config.worker.binary_name()),
         args,
         socket,
+        nonce,
     }
 }
 
 /// A worker's state updates, from the moment it answers on its socket.
 type States = futures::stream::BoxStream<'static, Result<pb::WorkerStatus, ClientError>>;
 
-/// Tries the socket until the worker answers and its state stream says ready; returns the client,
-/// its Describe answer and the rest of the stream.
-async fn wait_ready(socket: &Path) -> (WorkerClient, pb::WorkerInfo, States) {
+/// Tries the socket until the worker `spawned` answers and its state stream says ready; returns the
+/// client, its Describe answer and the rest of the stream. `Err` when something else answers there
+/// (another process, or a Describe without this start's nonce): that never becomes ready.
+async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerClient, pb::WorkerInfo, States), String> {
     loop {
-        if let Ok(client) = WorkerClient::connect_uds(socket).await
-            && let Ok(states) = client.watch().await
-        {
-            let mut states: States = states.boxed();
-            if let Some(Ok(first)) = states.next().await
-                && first.state() == pb::WorkerState::Ready
-                && let Ok(info) = client.describe().await
-            {
-                return (client, info, states);
+        match WorkerClient::connect_spawned(socket, spawned).await {
+            Ok(client) => {
+                if let Ok(states) = client.watch().await {
+                    let mut states: States = states.boxed();
+                    if let Some(Ok(first)) = states.next().await
+                        && first.state() == pb::WorkerState::Ready
+                        && let Ok(info) = client.describe().await
+                    {
+                        return Ok((client, info, states));
+                    }
+                }
             }
+            Err(refused @ ClientError::NotOurWorker { .. }) => return Err(refused.to_string()),
+            Err(_) => {}
         }
         tokio::time::sleep(CONNECT_EVERY).await;
     }
@@ -140,7 +152,6 @@ pub async fn supervise_task(
     generation: u64,
     stop: CancellationToken,
 ) {
-    let spec = worker_spec(&settings, &pool, index, generation);
     let id = format!("{}/{index}", pool.config().name);
     let mut backoff = settings.backoff.clone();
     let mut restarts = 0u64;
@@ -150,7 +161,14 @@ pub async fn supervise_task(
             return;
         }
         let started = Instant::now();
-        let failure = match run_once(&settings, &pool, index, &spec, &stop).await {
+        let failure = match crate::process::nonce::random_hex(16) {
+            Err(e) => Err(Failure::Crashed(format!("no random bytes for the worker's nonce: {e}"))),
+            Ok(nonce) => {
+                let spec = worker_spec(&settings, &pool, index, generation, nonce);
+                run_once(&settings, &pool, index, &spec, &stop).await
+            }
+        };
+        let failure = match failure {
             Ok(()) => return,
             Err(Failure::Crashed(failure)) => failure,
             Err(Failure::Unavailable(reason)) => {
@@ -220,8 +238,12 @@ async fn run_once(
         format!("{exit} {when}")
     };
 
+    let spawned = SpawnedWorker {
+        pid,
+        nonce: spec.nonce.clone(),
+    };
     let ready = tokio::select! {
-        ready = tokio::time::timeout(settings.startup_timeout, wait_ready(&spec.socket)) => ready,
+        ready = tokio::time::timeout(settings.startup_timeout, wait_ready(&spec.socket, &spawned)) => ready,
         status = process.wait() => {
             let _ = logs.await;
             if let Some(what) = status.as_ref().ok().and_then(|s| will_not_start(s.code())) {
@@ -238,15 +260,26 @@ async fn run_once(
             return Ok(());
         }
     };
-    let Ok((client, info, mut states)) = ready else {
-        process.kill();
-        let status = process.wait().await;
-        let _ = logs.await;
-        let reason = crashed(status, "");
-        let timeout = settings.startup_timeout.as_secs();
-        return Err(Failure::Crashed(format!(
-            "not ready within {timeout} s (startup_timeout); killed: {reason}"
-        )));
+    let (client, info, mut states) = match ready {
+        Ok(Ok(ready)) => ready,
+        Ok(Err(refused)) => {
+            tracing::error!(pid, %refused, "refusing what answers at the worker's socket; stopping the worker");
+            process.kill();
+            let status = process.wait().await;
+            let _ = logs.await;
+            let reason = crashed(status, "");
+            return Err(Failure::Crashed(format!("{refused}; killed: {reason}")));
+        }
+        Err(_) => {
+            process.kill();
+            let status = process.wait().await;
+            let _ = logs.await;
+            let reason = crashed(status, "");
+            let timeout = settings.startup_timeout.as_secs();
+            return Err(Failure::Crashed(format!(
+                "not ready within {timeout} s (startup_timeout); killed: {reason}"
+            )));
+        }
     };
 
     let report = WorkerReport::from_info(&info);

@@ -3,14 +3,17 @@
 //! [`Workers::apply`] carries out a reload's [`PoolChange`]s.
 //!
 //! Layout: [`manager`] (one `supervise_task` per worker slot), [`worker_process`] (one child process:
-//! spawn, stop), [`logs`] (its stderr into our log), [`backoff`] (restart delays, crash loops).
+//! spawn with a cleaned environment and a fresh nonce, stop), [`logs`] (its stderr into our log),
+//! [`backoff`] (restart delays, crash loops), [`runtime_dir`] (this instance's private socket
+//! directory and the record `layad reload` finds it by), [`nonce`] (fresh random identifiers).
 
 pub mod backoff;
 pub mod logs;
 pub mod manager;
+pub mod nonce;
+pub mod runtime_dir;
 pub mod worker_process;
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +46,26 @@ pub enum WorkersError {
         /// What is wrong.
         reason: String,
     },
+    /// A worker's socket path would be longer than Unix sockets allow.
+    #[error(
+        "worker socket {0} would be longer than the {MAX_SOCKET_PATH} bytes Unix sockets allow; set a shorter \
+         workers.socket_dir (or pool name)"
+    )]
+    SocketPathTooLong(PathBuf),
+}
+
+/// Longest socket path, in bytes: `sun_path` holds 104 bytes on macOS (108 on Linux), NUL included.
+pub const MAX_SOCKET_PATH: usize = 103;
+
+/// Where the instance directories go: `workers.socket_dir`, else `$XDG_RUNTIME_DIR/layad`, else
+/// `<temp dir>/layad-<uid>`.
+pub fn socket_base(config: &Config) -> PathBuf {
+    let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    config
+        .workers
+        .socket_dir(runtime_dir.as_deref(), nix::unistd::geteuid().as_raw())
 }
 
 /// The running worker side: pools, their scheduler, and one supervising task per worker slot.
@@ -124,29 +147,6 @@ impl PoolChange {
             PoolChange::Remove { name } => Some(format!("pool {name}: removed")),
         }
     }
-}
-
-/// Creates `dir` private to this user (0700), or checks that an existing one is.
-fn private_dir(dir: &Path) -> Result<(), WorkersError> {
-    let fail = |reason: String| WorkersError::SocketDir {
-        dir: dir.to_path_buf(),
-        reason,
-    };
-    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) => return Err(fail(e.to_string())),
-    }
-    let mode = std::fs::metadata(dir)
-        .map_err(|e| fail(e.to_string()))?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
-        // Another user could reach the workers' sockets: tighten it rather than refuse to start.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| fail(format!("mode {mode:o} is not private and cannot be changed: {e}")))?;
-    }
-    Ok(())
 }
 
 impl Inner {
@@ -240,18 +240,14 @@ async fn retire_task(inner: Arc<Inner>, old: Arc<Pool>, successor: Option<Arc<Po
 }
 
 impl Workers {
-    /// Starts every configured worker for the opened `checkpoints`; they join their pools as they
-    /// become ready. Must run inside the tokio runtime.
-    pub fn start(config: &Config, checkpoints: &Checkpoints) -> Result<Self, WorkersError> {
+    /// Starts every configured worker for the opened `checkpoints`, with their sockets in
+    /// `socket_dir` (this instance's private directory); they join their pools as they become
+    /// ready. Must run inside the tokio runtime.
+    pub fn start(config: &Config, checkpoints: &Checkpoints, socket_dir: &Path) -> Result<Self, WorkersError> {
         let binary_dir = config.workers.binary_dir().map_err(WorkersError::BinaryDir)?;
         check_binaries(config, &binary_dir)?;
-        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from);
-        let socket_dir = config
-            .workers
-            .socket_dir(runtime_dir.as_deref(), nix::unistd::getuid().as_raw());
-        private_dir(&socket_dir)?;
+        check_socket_paths(config, socket_dir)?;
+        let socket_dir = socket_dir.to_owned();
         let checkpoint_dirs = checkpoints
             .iter()
             .map(|(name, c)| (name, c.location.dir.clone()))
@@ -290,6 +286,7 @@ impl Workers {
     pub fn apply(&self, loaded: &Config, changes: &[PoolChange]) -> Result<(), WorkersError> {
         let inner = &self.inner;
         check_binaries(loaded, &inner.settings.binary_dir)?;
+        check_socket_paths(loaded, &inner.settings.socket_dir)?;
         inner.scheduler.set_scheduling(loaded.scheduling.clone());
         let mut retirements = Vec::new();
         {
@@ -362,6 +359,18 @@ fn check_binaries(config: &Config, binary_dir: &Path) -> Result<(), WorkersError
         let binary = binary_dir.join(pool.worker.binary_name());
         if !binary.is_file() {
             return Err(WorkersError::MissingBinary(binary));
+        }
+    }
+    Ok(())
+}
+
+/// Every pool's worker sockets must fit in a Unix socket address (reloads included: the generation
+/// and index get six and three digits of room).
+fn check_socket_paths(config: &Config, socket_dir: &Path) -> Result<(), WorkersError> {
+    for pool in &config.pools {
+        let longest = socket_dir.join(manager::socket_name(&pool.name, 999_999, 999));
+        if longest.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(WorkersError::SocketPathTooLong(longest));
         }
     }
     Ok(())

@@ -1,8 +1,12 @@
-//! One worker child process: how it is started (explicit arguments, its own process group, a
-//! liveness pipe on stdin, stderr captured) and how it is stopped (SIGTERM, grace, SIGKILL).
+//! One worker child process: how it is started (explicit arguments, a cleaned environment, its own
+//! process group, a liveness pipe on stdin, stderr captured) and how it is stopped (SIGTERM, grace,
+//! SIGKILL).
 //!
 //! The liveness pipe is the worker's stdin: the supervisor keeps the write end, so when the
 //! supervisor dies — even by SIGKILL — the worker reads end-of-file and exits on its own.
+//! The environment is cleared and only [`INHERITED_ENV`] (and variables starting with one of
+//! [`INHERITED_PREFIXES`]) are passed on: everything a worker needs comes on its command line, and
+//! secrets such as `LAYA_API_KEY` never reach a process that does not need them.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -13,15 +17,53 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
+/// Variables a worker keeps: what the C library, the dynamic loader, logging and the worker binaries
+/// themselves read (`HOME` and `XDG_CACHE_HOME` place the Neural Engine worker's compiled models).
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+    "LD_LIBRARY_PATH",
+    "DYLD_LIBRARY_PATH",
+    "DYLD_FALLBACK_LIBRARY_PATH",
+];
+
+/// Families of variables a worker keeps: locale, and the settings of the device runtimes and thread
+/// pools an engine may use (CUDA, candle, rayon, OpenMP, MKL, Metal).
+pub const INHERITED_PREFIXES: &[&str] = &[
+    "LC_", "CUDA_", "NVIDIA_", "CANDLE_", "RAYON_", "OMP_", "MKL_", "MTL_", "METAL_",
+];
+
+/// The part of `vars` a worker is started with.
+pub fn worker_env(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Vec<(OsString, OsString)> {
+    vars.into_iter()
+        .filter(|(name, _)| {
+            name.to_str().is_some_and(|name| {
+                INHERITED_ENV.contains(&name) || INHERITED_PREFIXES.iter().any(|p| name.starts_with(p))
+            })
+        })
+        .collect()
+}
+
 /// Everything needed to start one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerSpec {
     /// The worker binary (`layad-worker-gpu`, `layad-worker-ane`).
     pub binary: PathBuf,
-    /// Its command-line arguments, liveness and socket included.
+    /// Its command-line arguments, liveness, socket and nonce included.
     pub args: Vec<OsString>,
     /// The Unix socket it will bind once ready.
     pub socket: PathBuf,
+    /// This start's nonce (also in `args`), which the worker's Describe must echo.
+    pub nonce: String,
 }
 
 /// A running worker child. Dropping it kills the whole process group.
@@ -58,6 +100,8 @@ impl WorkerProcess {
         }
         let mut child = Command::new(&spec.binary)
             .args(&spec.args)
+            .env_clear()
+            .envs(worker_env(std::env::vars_os()))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -139,5 +183,30 @@ pub fn describe_exit(status: &ExitStatus) -> String {
             Err(_) => format!("killed by signal {signal}"),
         },
         (None, None) => "ended without a status".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_key_and_other_settings_stay_with_the_supervisor() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("LAYA_API_KEY", "secret"),
+            ("LAYAD_SERVER__LISTEN", "0.0.0.0:1"),
+            ("HF_TOKEN", "hf_secret"),
+            ("LC_ALL", "C"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("RUST_LOG", "debug"),
+            ("AWS_SECRET_ACCESS_KEY", "x"),
+        ]
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let kept: Vec<String> = worker_env(vars)
+            .into_iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["PATH", "LC_ALL", "CUDA_VISIBLE_DEVICES", "RUST_LOG"]);
     }
 }

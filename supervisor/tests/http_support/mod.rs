@@ -1,7 +1,7 @@
 //! Shared by the `http_*` tests: the fixture checkpoints, a backend that answers with upstream's
 //! recorded logits, and an in-process server on an ephemeral loopback port. They speak to it with
 //! the tests' one raw HTTP/1.1 client, `layad_system_tests::http`.
-#![allow(dead_code)] // each test binary uses a different part of this module
+#![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

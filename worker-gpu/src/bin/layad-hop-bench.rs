@@ -193,6 +193,7 @@ fn spawn_worker(bin: &Path, checkpoint: &Path, socket: &Path, args: &Args) -> st
         // the worker sees end-of-file and exits.
         liveness_fd: Some(0),
         log_format: LogFormat::Json,
+        spawn_nonce: None,
     };
     Command::new(bin)
         .args(worker.to_args())
