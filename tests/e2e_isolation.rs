@@ -10,15 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use layad_system_tests::goldens::golden_body;
-use layad_system_tests::{Server, SocketDir, bin_dir, get, request};
-
-const ONE_CPU_POOL: &str = r#"
-[[pool]]
-name = "cpu"
-device = "cpu"
-workers = 1
-threads = 1
-"#;
+use layad_system_tests::{ONE_CPU_POOL, Server, SocketDir, bin_dir, get, request};
 
 /// What a directory looks like from outside: mode, owner and the names in it.
 fn snapshot(dir: &Path) -> (u32, u32, Vec<String>) {

@@ -6,15 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use layad_system_tests::goldens::golden_body;
-use layad_system_tests::{Server, bin_dir, fixture_hf_home, get, post_json};
-
-const ONE_CPU_POOL: &str = r#"
-[[pool]]
-name = "cpu"
-device = "cpu"
-workers = 1
-threads = 1
-"#;
+use layad_system_tests::{ONE_CPU_POOL, Server, bin_dir, fixture_hf_home, get, post_json};
 
 fn small_request() -> String {
     golden_body("multi_five_questions_mixed")

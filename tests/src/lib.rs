@@ -238,6 +238,25 @@ pub async fn wait_until_ready(addr: SocketAddr, timeout: Duration) -> bool {
     false
 }
 
+/// One CPU pool of one single-threaded worker: the smallest server the system tests start.
+pub const ONE_CPU_POOL: &str = r#"
+[[pool]]
+name = "cpu"
+device = "cpu"
+workers = 1
+threads = 1
+"#;
+
+/// The machine's one-minute load average (`/proc/loadavg`), recorded beside benchmark results.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Nearest-rank percentile (`p` in 0..=1) of unsorted `values`; `None` when there are none.
 pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
     if values.is_empty() {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use layad_system_tests::{Server, get, percentile, post_json, server_timing};
+use layad_system_tests::{Server, get, load_average, percentile, post_json, server_timing};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -285,15 +285,6 @@ fn cpu() -> (String, Vec<String>) {
         .map(str::to_owned)
         .collect();
     (field("model name").unwrap_or_else(|| "unknown".into()), present)
-}
-
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 fn median(values: &[f64]) -> f64 {

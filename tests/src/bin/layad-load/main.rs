@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use layad_system_tests::{addr_of_url, percentile, post_json, server_timing, wait_until_ready};
+use layad_system_tests::{addr_of_url, load_average, percentile, post_json, server_timing, wait_until_ready};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -417,15 +417,6 @@ fn print_summary_table(rows: &[Value]) {
             counts(&row["pools"])
         );
     }
-}
-
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 fn unix_seconds() -> u64 {
