@@ -14,6 +14,7 @@ use layad_config::WorkerKind;
 
 pub mod goldens;
 pub mod http;
+pub mod request_bodies;
 
 pub use goldens::{deliberate_difference, fixture_json, json_differences};
 pub use http::{Framing, Request, Response, exchange_raw, get, post_json, request, send};
