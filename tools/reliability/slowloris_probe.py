@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Slow clients against a running layad, measured: N connections trickle a request head one byte at
-a time (reopened when the server closes them) while one client sends normal requests one after
-another and times each. Prints the probes' latency percentiles as JSON.
+a time (reopened when the server closes them) while one client, in a process of its own, sends
+normal requests one after another and times each. Prints the probes' latency percentiles as JSON.
 
 Bounded on purpose: loopback addresses only, at most 5,000 slow connections, at most 10 minutes.
 
@@ -12,7 +12,9 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import multiprocessing
 import resource
+import socket
 import time
 
 MAX_CONNECTIONS = 5000
@@ -77,19 +79,41 @@ async def slow_client(host, port, source, tick, stop, counters):
             writer.close()
 
 
-async def probe(host, port):
+def probe(host, port):
+    """One normal request on a new connection; (status, seconds)."""
     started = time.monotonic()
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(
-        b"POST /v1/systemone HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(PROBE_BODY)}\r\nConnection: close\r\n\r\n".encode()
-        + PROBE_BODY
-    )
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.settimeout(30)
+        sock.sendall(
+            b"POST /v1/systemone HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(PROBE_BODY)}\r\nConnection: close\r\n\r\n".encode()
+            + PROBE_BODY
+        )
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
     status = int(response[9:12]) if len(response) >= 12 else 0
     return status, time.monotonic() - started
+
+
+def probe_loop(host, port, duration, every, results):
+    """The normal client: its own process, as a real client is, so the slow clients' event loop
+    cannot delay its writes. Sends the probes one after another and reports them through `results`."""
+    latencies, statuses, failures = [], {}, 0
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        try:
+            status, took = probe(host, port)
+            statuses[status] = statuses.get(status, 0) + 1
+            latencies.append(took)
+            if status != 200:
+                failures += 1
+        except OSError:
+            failures += 1
+            latencies.append(30.0)
+        time.sleep(every)
+    results.send({"latencies": latencies, "statuses": statuses, "failures": failures})
+    results.close()
 
 
 def percentile(values, p):
@@ -125,21 +149,21 @@ async def main():
         await asyncio.sleep(0.002)
     await asyncio.sleep(args.warmup)
 
-    latencies, failures, statuses = [], 0, {}
+    # The probes run in a separate process; this loop keeps the slow clients going meanwhile.
+    receiving, sending = multiprocessing.Pipe(duplex=False)
+    prober = multiprocessing.get_context("spawn").Process(
+        target=probe_loop, args=(host, port, duration, args.probe_every, sending)
+    )
+    prober.start()
     open_during = []
-    end = time.monotonic() + duration
-    while time.monotonic() < end:
+    while prober.is_alive() and not receiving.poll():
         open_during.append(counters.open)
-        try:
-            status, took = await asyncio.wait_for(probe(host, port), 30)
-            statuses[status] = statuses.get(status, 0) + 1
-            latencies.append(took)
-            if status != 200:
-                failures += 1
-        except (OSError, asyncio.TimeoutError):
-            failures += 1
-            latencies.append(30.0)
-        await asyncio.sleep(args.probe_every)
+        await asyncio.sleep(0.5)
+    result = receiving.recv() if receiving.poll(60) else {"latencies": [], "statuses": {}, "failures": 1}
+    prober.join(10)
+    latencies, statuses, failures = result["latencies"], result["statuses"], result["failures"]
+    if not latencies:
+        raise SystemExit("the probe process returned no measurement")
     stop.set()
     await asyncio.gather(*slow, return_exceptions=True)
     print(
