@@ -45,7 +45,7 @@ done
 port=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 url=http://127.0.0.1:$port
 mkdir -p "$OUT"
-rm -f "$OUT"/{capacity,run,soak}.json "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
+rm -f "$OUT"/{capacity,run,soak,health-after}.json "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
 work=$(mktemp -d "${TMPDIR:-/tmp}/layad-soak.XXXXXX")
 
 server_pid=
@@ -141,6 +141,11 @@ load_pid=
 monitor_status=0
 wait "$monitor_pid" || monitor_status=$?
 monitor_pid=
+# The last kill's restart and warm-up take a moment: /health is 'ok' again once every worker is back.
+for _ in $(seq 60); do
+    curl -s "$url/health" > "$OUT/health-after.json" && grep -q '"status":"ok"' "$OUT/health-after.json" && break
+    sleep 1
+done
 curl -sf "$url/metrics" > "$OUT/metrics-after.txt" || true
 # The log without its 200 request lines (those are in run.json): starts, kills, restarts, errors.
 grep -v -E 'v1/systemone.*status.*200' "$work/layad.log" > "$OUT/layad-events.log" || true
@@ -157,8 +162,9 @@ capacity_args=()
 python3 "$monitor_py" report --load "$OUT/run.json" "${capacity_args[@]}" --fraction "$LOAD_FRACTION" \
     --samples "$OUT/rss.csv" --kills "$OUT/kills.csv" --kill-every "$KILL_EVERY" --sample-every "$SAMPLE_EVERY" \
     --metrics-before "$OUT/metrics-before.txt" --metrics-after "$OUT/metrics-after.txt" --log "$work/layad.log" \
-    --warmup "$WARMUP" --slope-limit "$SLOPE_LIMIT" --command "$command" --cpu-model "$cpu_model" \
-    --started-utc "$started_utc" --cpu-lock "$CPU_LOCK" --config-text "$config" --binaries "$binaries" \
+    --health-after "$OUT/health-after.json" --warmup "$WARMUP" --slope-limit "$SLOPE_LIMIT" --command "$command" \
+    --cpu-model "$cpu_model" --started-utc "$started_utc" --cpu-lock "$CPU_LOCK" --config-text "$config" \
+    --binaries "$binaries" \
     --out "$OUT/soak.json" || report_status=$?
 if [ "$monitor_status" != 0 ]; then
     echo "the monitor failed (status $monitor_status): see the lines above" >&2

@@ -222,6 +222,12 @@ def report(args):
     after = restarts_in_metrics(read_text(args.metrics_after)) if args.metrics_after else None
     restarts_metrics = after - before if before is not None and after is not None else after
     restarts_logged = read_text(args.log).count("worker stopped; restarting it") if args.log else None
+    health_after = None
+    if args.health_after:
+        try:
+            health_after = json.loads(read_text(args.health_after)).get("status")
+        except ValueError:
+            health_after = "unreadable"
 
     after_warmup = [s for s in samples if s["t_s"] >= args.warmup]
     slope = least_squares_slope([(s["t_s"] / 60.0, s["supervisor_mb"]) for s in after_warmup])
@@ -253,6 +259,7 @@ def report(args):
         "kill_log": [{"utc": k["utc"], "t_s": float(k["t_s"]), "slot": k["slot"], "pid": int(k["pid"])} for k in done],
         "restarts_metrics": None if restarts_metrics is None else int(restarts_metrics),
         "restarts_logged": restarts_logged,
+        "health_after": health_after,
         "warmup_s": args.warmup,
         "rss_samples": len(samples),
         "sample_every_s": args.sample_every,
@@ -279,6 +286,10 @@ def report(args):
         problems.append(f"supervisor RSS grows {slope:.3f} MB/min after the warm-up (limit {args.slope_limit:g})")
     if args.kill_every > 0 and not done:
         problems.append("no worker was killed")
+    if restarts_metrics is not None and restarts_metrics < len(done):
+        problems.append(f"/metrics counts {int(restarts_metrics)} restarts for {len(done)} kills")
+    if health_after is not None and health_after != "ok":
+        problems.append(f"/health after the soak says {health_after!r}, not 'ok'")
     summary["passed"] = not problems
     summary["problems"] = problems
     with open(args.out, "w") as f:
@@ -293,7 +304,7 @@ def report(args):
         f"latency p50 {summary['latency_ms']['p50_ms']} ms, p99 {summary['latency_ms']['p99_ms']} ms, max {summary['latency_ms']['max_ms']} ms;"
         f" max answer drift {summary['max_answer_drift']}",
         f"kills {summary['kills']} (every {args.kill_every:g} s, {summary['kills_skipped']} skipped);"
-        f" restarts {summary['restarts_metrics']} (/metrics), {summary['restarts_logged']} (log)",
+        f" restarts {summary['restarts_metrics']} (/metrics), {summary['restarts_logged']} (log); /health after: {health_after}",
         f"supervisor RSS MB: start {rss['start']}, after {args.warmup:g} s warm-up {rss['after_warmup']}, end {rss['end']},"
         f" max {rss['max']}; slope after warm-up {summary['supervisor_rss_slope_mb_per_min']} MB/min (limit {args.slope_limit:g})",
         f"workers' RSS MB (total): start {workers['start']}, end {workers['end']}, max {workers['max']}",
@@ -328,6 +339,7 @@ def main():
     r.add_argument("--metrics-before", help="/metrics before the soak")
     r.add_argument("--metrics-after", help="/metrics after the soak")
     r.add_argument("--log", help="the server's log")
+    r.add_argument("--health-after", help="/health once the load is over (all workers back: 'ok')")
     r.add_argument("--warmup", type=float, default=120.0, help="seconds left out of the RSS slope")
     r.add_argument("--slope-limit", type=float, default=1.0, help="MB/min")
     r.add_argument("--examples", type=int, default=10, help="failed requests shown")
