@@ -45,7 +45,8 @@ done
 port=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 url=http://127.0.0.1:$port
 mkdir -p "$OUT"
-rm -f "$OUT"/{capacity,run,soak,health-after}.json "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
+# A fresh calibration per soak: the reference answers come from this run's server.
+rm -f "$OUT/reference-$SEED.json" "$OUT"/{capacity,run,soak,health-after}.json "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
 work=$(mktemp -d "${TMPDIR:-/tmp}/layad-soak.XXXXXX")
 
 server_pid=
@@ -89,7 +90,9 @@ cp "$work/layad.toml" "$OUT/layad.toml"
 
 cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 started_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-command="$(printf '%q ' env SOAK_SECONDS="$SOAK_SECONDS" KILL_EVERY="$KILL_EVERY" LOAD_FRACTION="$LOAD_FRACTION" "$0")"
+command="$(printf '%q ' env SOAK_SECONDS="$SOAK_SECONDS" KILL_EVERY="$KILL_EVERY" WARMUP="$WARMUP" \
+    LOAD_FRACTION="$LOAD_FRACTION" ARRIVALS="$ARRIVALS" SEED="$SEED" "$0")"
+command=${command% }
 echo "== layad soak, $started_utc"
 echo "cpu: $cpu_model ($(nproc) cpus; load average $(cut -d' ' -f1-3 /proc/loadavg)); cpu lock: $CPU_LOCK"
 binaries="$BIN_DIR ($("$BIN_DIR/layad" --version 2>/dev/null || echo "layad, version unknown"); built $(date -u -r "$BIN_DIR/layad" +%Y-%m-%dT%H:%M:%SZ))"
