@@ -6,7 +6,7 @@
 # requests and short four-question ones), then runs `layad-load run` open loop at LOAD_FRACTION of
 # it for SOAK_SECONDS while soak_monitor.py SIGKILLs one worker every KILL_EVERY seconds (the slots
 # in turn) and samples the supervisor's and the workers' RSS every SAMPLE_EVERY seconds. Prints and
-# writes $OUT/soak.json: requests, failures, kills, restarts, RSS, the supervisor's RSS slope after
+# writes $OUT/soak.json (beside run.json.gz, every request's record; rss.csv; kills.csv): requests, failures, kills, restarts, RSS, the supervisor's RSS slope after
 # WARMUP seconds. Exits 1 when a request failed or the slope is >= SLOPE_LIMIT MB/min; the server's
 # log is then kept (its path is printed).
 #
@@ -46,7 +46,7 @@ port=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1"
 url=http://127.0.0.1:$port
 mkdir -p "$OUT"
 # A fresh calibration per soak: the reference answers come from this run's server.
-rm -f "$OUT/reference-$SEED.json" "$OUT"/{capacity,run,soak,health-after}.json "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
+rm -f "$OUT/reference-$SEED.json" "$OUT"/{capacity,run,soak,health-after}.json "$OUT/run.json.gz" "$OUT"/{rss,kills}.csv "$OUT"/metrics-{before,after}.txt
 work=$(mktemp -d "${TMPDIR:-/tmp}/layad-soak.XXXXXX")
 
 server_pid=
@@ -169,6 +169,8 @@ python3 "$monitor_py" report --load "$OUT/run.json" "${capacity_args[@]}" --frac
     --cpu-model "$cpu_model" --started-utc "$started_utc" --cpu-lock "$CPU_LOCK" --config-text "$config" \
     --binaries "$binaries" \
     --out "$OUT/soak.json" || report_status=$?
+# Every request's record stays, compressed (tens of MB as text for a 10-minute run).
+gzip -f "$OUT/run.json"
 if [ "$monitor_status" != 0 ]; then
     echo "the monitor failed (status $monitor_status): see the lines above" >&2
     report_status=1
