@@ -6,9 +6,10 @@
 # requests and short four-question ones), then runs `layad-load run` open loop at LOAD_FRACTION of
 # it for SOAK_SECONDS while soak_monitor.py SIGKILLs one worker every KILL_EVERY seconds (the slots
 # in turn) and samples the supervisor's and the workers' RSS every SAMPLE_EVERY seconds. Prints and
-# writes $OUT/soak.json (beside run.json.gz, every request's record; rss.csv; kills.csv): requests, failures, kills, restarts, RSS, the supervisor's RSS slope after
-# WARMUP seconds. Exits 1 when a request failed or the slope is >= SLOPE_LIMIT MB/min; the server's
-# log is then kept (its path is printed).
+# writes $OUT/soak.json: requests, failures, kills, restarts, RSS, the supervisor's RSS slope after
+# WARMUP seconds (beside it: run.json.gz with every request's record, rss.csv, kills.csv, the log's
+# events). Exits 1 when a request failed or the slope is >= SLOPE_LIMIT MB/min; the server's log is
+# then kept (its path is printed).
 #
 #   flock -x /work/cpu.lock tools/reliability/soak.sh                 # the 10-minute soak
 #   SOAK_SECONDS=60 KILL_EVERY=15 WARMUP=20 flock -s /work/cpu.lock tools/reliability/soak.sh   # a short try
