@@ -18,7 +18,8 @@
 # SOAK_SECONDS (600), KILL_EVERY (30; 0 = no kills), SAMPLE_EVERY (5), WARMUP (120), SLOPE_LIMIT (1),
 # LOAD_FRACTION (0.7), CAPACITY_SECONDS (30), CLIENTS (4), RATE (skip the capacity run), ARRIVALS
 # (poisson | bursty), SEED (1), PORT (default: a free one), OUT (target/reliability/soak),
-# CPU_LOCK (which lock the caller holds, recorded: e.g. "exclusive /work/cpu.lock").
+# CPU_LOCK (which lock the caller holds, recorded: e.g. "exclusive /work/cpu.lock"), EXTRA_CONFIG
+# (TOML appended to the configuration, for diagnostic runs; recorded in soak.json and layad.toml).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 BIN_DIR=${BIN_DIR:-$root/target/release}
@@ -86,13 +87,19 @@ name = \"general\"
 device = \"cpu\"
 workers = 2
 threads = 1"
+if [ -n "${EXTRA_CONFIG:-}" ]; then
+    # A diagnostic run's extra keys (e.g. $'[workers]\nrestart_backoff_max = "1s"'), recorded with the results.
+    config="$config
+# EXTRA_CONFIG:
+$EXTRA_CONFIG"
+fi
 printf '%s\n' "$config" > "$work/layad.toml"
 cp "$work/layad.toml" "$OUT/layad.toml"
 
 cpu_model=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 started_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 command="$(printf '%q ' env SOAK_SECONDS="$SOAK_SECONDS" KILL_EVERY="$KILL_EVERY" WARMUP="$WARMUP" \
-    LOAD_FRACTION="$LOAD_FRACTION" ARRIVALS="$ARRIVALS" SEED="$SEED" "$0")"
+    LOAD_FRACTION="$LOAD_FRACTION" ARRIVALS="$ARRIVALS" SEED="$SEED" ${EXTRA_CONFIG:+EXTRA_CONFIG="$EXTRA_CONFIG"} "$0")"
 command=${command% }
 echo "== layad soak, $started_utc"
 echo "cpu: $cpu_model ($(nproc) cpus; load average $(cut -d' ' -f1-3 /proc/loadavg)); cpu lock: $CPU_LOCK"
