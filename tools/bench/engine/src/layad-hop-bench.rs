@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let checkpoint_dir = args.checkpoint.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/fixtures/hf-cache/hub/models--convaiinnovations--laya/snapshots")
+            .join("../../../tests/fixtures/hf-cache/hub/models--convaiinnovations--laya/snapshots")
             .join("7a1e5eed0f1c7ee5c0de5eed0f1c7ee5c0de0320")
     });
     let worker_bin = match &args.worker {

@@ -63,10 +63,10 @@ struct Args {
     #[arg(long, default_value = "/work/upstream-venv/bin/python")]
     python: String,
     /// The upstream side of the benchmark.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/bench/torch_forward.py"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../torch_forward.py"))]
     torch_script: PathBuf,
     /// Fixture Hugging Face cache lending tokenizers and config templates.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))]
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
     /// Idle milliseconds before each engine's turn on a shape, so threads of what ran before have
     /// stopped spinning.
