@@ -6,8 +6,9 @@
 //! by clients that trickle their headers (slowloris). A connection counts as waiting only once a
 //! read has found no whole head in it: a new connection whose head is already there is read before
 //! it can be chosen, however fast slow clients reconnect. One peer holds at most
-//! `server.max_connections_per_client`; past that its own oldest waiting connection makes room, and
-//! a new one is refused only when all of that peer's connections carry requests.
+//! `server.max_connections_per_client` that wait; past that its own oldest waiting connection makes
+//! room, and when all of that peer's connections carry requests it may take a free place (a busy
+//! client or a proxy is not a slow one), never another's: a new one is refused only at the cap.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -115,23 +116,23 @@ impl Connections {
     /// Takes a new connection from `peer`, closing the oldest waiting connection (the peer's own
     /// when the peer is at its limit) if there is no room; `None` (close the new one) when nothing
     /// can make room.
+    ///
+    /// A peer at its limit whose connections all carry requests is a busy client (or a proxy in
+    /// front of many), not a slow one: it may take a free place, never another peer's.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Registered> {
         let mut table = self.lock();
-        let room = if table.per_peer.get(&peer).copied().unwrap_or(0) >= self.per_client {
-            Some(table.close_oldest_waiting(Some(peer)))
-        } else if table.open.len() >= self.max {
-            Some(table.close_oldest_waiting(None))
-        } else {
-            None
-        };
-        if let Some(made) = room {
-            if !made {
+        let peer_full = table.per_peer.get(&peer).copied().unwrap_or(0) >= self.per_client;
+        let mut closed = peer_full && table.close_oldest_waiting(Some(peer));
+        if !closed && table.open.len() >= self.max {
+            if !table.close_oldest_waiting(None) {
                 table.refused += 1;
-            }
-            table.warn_at_most_every(WARN_EVERY, self.max, self.per_client);
-            if !made {
+                table.warn_at_most_every(WARN_EVERY, self.max, self.per_client);
                 return None;
             }
+            closed = true;
+        }
+        if closed {
+            table.warn_at_most_every(WARN_EVERY, self.max, self.per_client);
         }
         let id = table.next_id;
         table.next_id += 1;
@@ -198,7 +199,8 @@ impl Table {
             refused = self.refused,
             max_connections = max,
             max_connections_per_client = per_client,
-            "connection limit reached: closing connections that have not sent a request head to make room"
+            "connection limit reached: closing connections that have not sent a request head to make room, \
+             refusing new ones when every connection carries a request"
         );
     }
 }
@@ -305,20 +307,44 @@ mod tests {
     }
 
     #[test]
-    fn one_peer_cannot_take_every_place() {
+    fn one_peer_cannot_take_every_place_with_waiting_connections() {
         let table = Connections::new(4, 2);
         let a1 = table.admit(A).expect("a1");
         let a2 = table.admit(A).expect("a2");
         a1.connection().stalled();
         a2.connection().stalled();
+        let a3 = table.admit(A).expect("A's own oldest waiting connection makes room");
+        assert!(a1.connection().evict.is_cancelled());
+        assert!(!a2.connection().evict.is_cancelled());
+        assert_eq!(table.len(), 2, "A still holds two places");
+        a3.connection().stalled();
+        let b = table.admit(B).expect("another peer still gets in");
+        b.connection().stalled();
+        assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn a_busy_peer_past_its_limit_takes_only_free_places() {
+        let table = Connections::new(4, 2);
+        let a1 = table.admit(A).expect("a1");
+        let a2 = table.admit(A).expect("a2");
+        let b = table.admit(B).expect("b");
+        for c in [&a1, &a2, &b] {
+            c.connection().stalled();
+        }
         a1.connection().begin_request();
         a2.connection().begin_request();
-        assert!(table.admit(A).is_none(), "A holds its two places with requests");
-        let _b = table.admit(B).expect("another peer still gets in");
-        a2.connection().end_request();
-        let _a3 = table.admit(A).expect("A's own waiting connection makes room");
-        assert!(a2.connection().evict.is_cancelled());
-        assert!(!a1.connection().evict.is_cancelled());
+        // A's connections all carry requests: a busy client, not a slow one.
+        let a3 = table.admit(A).expect("a free place");
+        a3.connection().stalled();
+        a3.connection().begin_request();
+        assert!(!b.connection().evict.is_cancelled());
+        assert_eq!(table.len(), 4);
+        // At the cap a waiting connection still makes room, then nothing can.
+        let _a4 = table.admit(A).expect("B's waiting connection makes room at the cap");
+        assert!(b.connection().evict.is_cancelled());
+        assert!(table.admit(A).is_none(), "every connection carries a request");
+        assert!(table.admit(B).is_none(), "every connection carries a request");
     }
 
     #[test]

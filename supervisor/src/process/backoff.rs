@@ -1,15 +1,18 @@
 //! When to restart a worker that stopped on its own: after a delay that doubles from
 //! `workers.restart_backoff_initial` up to `workers.restart_backoff_max` (mini-redis' accept loop
-//! has the same shape), back at the start once a worker ran a while; and whether the slot is in a
-//! crash loop (`workers.crash_loop_restarts` within `workers.crash_loop_window`).
+//! has the same shape), back at the start once a worker served a while; and whether the slot is in
+//! a crash loop (`workers.crash_loop_restarts` within `workers.crash_loop_window`).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use layad_config::WorkersConfig;
 
-/// A worker that has run this long without crashing resets its restart delay.
-pub const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// A worker that served this long (ready, in its pool) before it stopped had started fine: its
+/// restart waits only the initial delay. Measured from readiness, not from spawn, so a slow warm-up
+/// does not count as a stable run; short, so a worker killed now and then (by the OOM killer, by an
+/// operator) comes back at once instead of after a delay that grew over the day.
+pub const STABLE_AFTER: Duration = Duration::from_secs(10);
 
 /// The restart policy of one worker slot, and what it remembers of the slot's failures.
 #[derive(Clone, Debug)]
@@ -63,8 +66,8 @@ impl Backoff {
         self.window
     }
 
-    /// A worker that had run for `ran_for` stopped at `now`.
-    pub fn failed(&mut self, ran_for: Duration, now: Instant) -> Restart {
+    /// A worker that had served for `served_for` (zero if it never became ready) stopped at `now`.
+    pub fn failed(&mut self, served_for: Duration, now: Instant) -> Restart {
         self.failures.push_back(now);
         while self
             .failures
@@ -73,7 +76,7 @@ impl Backoff {
         {
             self.failures.pop_front();
         }
-        if ran_for >= STABLE_AFTER {
+        if served_for >= STABLE_AFTER {
             self.next = self.initial;
         }
         let delay = self.next;

@@ -136,8 +136,10 @@ async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerCli
 
 /// Why a worker process ended without being asked to.
 enum Failure {
-    /// It crashed or failed to start: restart it.
+    /// It crashed or failed to start before it became ready: restart it.
     Crashed(String),
+    /// It died after it had joined its pool, having served that long: restart it.
+    Died { reason: String, served_for: Duration },
     /// It exited with [`EXIT_DEVICE_UNAVAILABLE`] (its device does not exist here) or
     /// [`EXIT_CONFIG_REFUSED`] (it refused its arguments): restarting cannot help.
     Unavailable(String),
@@ -160,7 +162,6 @@ pub async fn supervise_task(
             pool.update_worker(index, |w| w.state = WorkerState::Stopped);
             return;
         }
-        let started = Instant::now();
         let failure = match crate::process::nonce::random_hex(16) {
             Err(e) => Err(Failure::Crashed(format!("no random bytes for the worker's nonce: {e}"))),
             Ok(nonce) => {
@@ -168,9 +169,10 @@ pub async fn supervise_task(
                 run_once(&settings, &pool, index, &spec, &stop).await
             }
         };
-        let failure = match failure {
+        let (failure, served_for) = match failure {
             Ok(()) => return,
-            Err(Failure::Crashed(failure)) => failure,
+            Err(Failure::Crashed(failure)) => (failure, Duration::ZERO),
+            Err(Failure::Died { reason, served_for }) => (reason, served_for),
             Err(Failure::Unavailable(reason)) => {
                 tracing::error!(worker = %id, %reason, "the worker cannot run here as configured; not restarting it");
                 pool.update_worker(index, |w| {
@@ -187,7 +189,7 @@ pub async fn supervise_task(
             return;
         }
         restarts += 1;
-        let restart = backoff.failed(started.elapsed(), Instant::now());
+        let restart = backoff.failed(served_for, Instant::now());
         tracing::warn!(worker = %id, %failure, restart_in_ms = restart.delay.as_millis() as u64, "worker stopped; restarting it");
         pool.update_worker(index, |w| {
             w.state = WorkerState::Restarting;
@@ -293,6 +295,7 @@ async fn run_once(
     let _retired_guard = retired.clone().drop_guard();
     let _dead_guard = dead.clone().drop_guard();
     let admitted = pool.admit(index, client.clone(), report);
+    let serving_since = Instant::now();
     tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
 
     let mut serving = true;
@@ -302,7 +305,10 @@ async fn run_once(
                 pool.retire(index);
                 dead.cancel();
                 let _ = logs.await;
-                return Err(Failure::Crashed(crashed(status, "while serving")));
+                return Err(Failure::Died {
+                    reason: crashed(status, "while serving"),
+                    served_for: serving_since.elapsed(),
+                });
             }
             () = stop.cancelled() => {
                 pool.retire(index);
