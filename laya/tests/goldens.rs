@@ -1,29 +1,19 @@
 //! Golden tests against upstream `laya[serve]==0.3.20` itself (fixtures from tools/fixtures):
 //! token rows, validation messages, answers and whole response bodies, plus laya-apple's real goldens.
 
+mod support;
+
 use std::collections::HashMap;
 
-use laya::checkpoint::{Checkpoint, find_in_hf_cache};
+use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
 use laya::prompt::Row;
 use laya::python_text::{Separators, py_json};
 use laya::request::{RequestError, parse_body};
 use laya::routing::CheckpointName;
-use layad_system_tests::goldens::{
-    TOLERANCE, compare, deliberate_difference, fixture_json, fixtures_dir, request_body,
-};
+use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, fixture_json, request_body};
 use serde_json::Value;
-
-fn open_checkpoints() -> HashMap<CheckpointName, Checkpoint> {
-    let cache = fixtures_dir().join("hf-cache/hub");
-    CheckpointName::ALL
-        .into_iter()
-        .map(|name| {
-            let location = find_in_hf_cache(&cache, name).unwrap_or_else(|e| panic!("{e}"));
-            (name, Checkpoint::open(location).unwrap_or_else(|e| panic!("{e}")))
-        })
-        .collect()
-}
+use support::open_checkpoints;
 
 fn act_probability(action_logits: &Value) -> f32 {
     let logits: Vec<f32> = action_logits

@@ -3,28 +3,25 @@
 //! marks, special-token text, digits and punctuation runs), and on the golden requests with their
 //! texts made long, where the rows built both ways must be identical.
 
+mod support;
+
 use std::collections::HashMap;
 
-use laya::checkpoint::{Checkpoint, find_in_hf_cache};
+use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, prepare};
 use laya::request::parse_body;
 use laya::routing::CheckpointName;
 use laya::tokenizer::{LayaTokenizer, LongText};
-use layad_system_tests::goldens::{fixture_json, fixtures_dir};
+use layad_system_tests::goldens::fixture_json;
 use serde_json::Value;
 
 /// The fixture checkpoints, tokenizing long texts the given way.
 fn open_checkpoints(long_text: LongText) -> HashMap<CheckpointName, Checkpoint> {
-    let cache = fixtures_dir().join("hf-cache/hub");
-    CheckpointName::ALL
-        .into_iter()
-        .map(|name| {
-            let location = find_in_hf_cache(&cache, name).unwrap_or_else(|e| panic!("{e}"));
-            let mut checkpoint = Checkpoint::open(location).unwrap_or_else(|e| panic!("{e}"));
-            checkpoint.tokenizer.set_long_text(long_text);
-            (name, checkpoint)
-        })
-        .collect()
+    let mut checkpoints = support::open_checkpoints();
+    for checkpoint in checkpoints.values_mut() {
+        checkpoint.tokenizer.set_long_text(long_text);
+    }
+    checkpoints
 }
 
 /// xorshift64*: the same texts on every run.

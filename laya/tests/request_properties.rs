@@ -3,29 +3,20 @@
 //! it is either prepared into rows that an answer can be rendered from, or refused with a 4xx whose
 //! detail names the problem. Never a panic, never a 5xx while every checkpoint is served.
 
+mod support;
+
 use std::cell::Cell;
 use std::collections::HashMap;
 
-use laya::checkpoint::{Checkpoint, find_in_hf_cache};
+use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
 use laya::request::parse_body;
 use laya::routing::CheckpointName;
-use layad_system_tests::goldens::fixtures_dir;
 use layad_system_tests::request_bodies::{any_body, request_body};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
 use serde_json::Value;
-
-fn open_checkpoints() -> HashMap<CheckpointName, Checkpoint> {
-    let cache = fixtures_dir().join("hf-cache/hub");
-    CheckpointName::ALL
-        .into_iter()
-        .map(|name| {
-            let location = find_in_hf_cache(&cache, name).unwrap_or_else(|e| panic!("{e}"));
-            (name, Checkpoint::open(location).unwrap_or_else(|e| panic!("{e}")))
-        })
-        .collect()
-}
+use support::open_checkpoints;
 
 /// The whole host path for one body: parse, route, tokenize, then render an answer from neutral
 /// model outputs. `Ok(true)` when it was answered, `Ok(false)` when rightly refused.
