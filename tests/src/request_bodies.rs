@@ -77,7 +77,7 @@ fn array(items: Vec<String>) -> String {
 }
 
 /// A JSON string literal: any unicode text, or awkward pieces written with escapes by hand.
-pub fn string_literal() -> impl Strategy<Value = String> {
+fn string_literal() -> impl Strategy<Value = String> {
     prop_oneof![
         3 => any::<String>().prop_map(|s| quoted(&s)),
         3 => vec(prop_oneof![select(&AWKWARD[..]).prop_map(String::from), "[a-zA-Z0-9 ,.?']{0,16}"], 0..8)
@@ -87,7 +87,7 @@ pub fn string_literal() -> impl Strategy<Value = String> {
 }
 
 /// A JSON number literal, including ones no f64 or u64 holds and Python's non-standard ones.
-pub fn number_literal() -> impl Strategy<Value = String> {
+fn number_literal() -> impl Strategy<Value = String> {
     prop_oneof![
         any::<i64>().prop_map(|n| n.to_string()),
         any::<f64>()
@@ -113,7 +113,7 @@ const NOT_QUITE_JSON: [&str; 8] = [
 ];
 
 /// Any JSON value, nested a few levels.
-pub fn json_value() -> impl Strategy<Value = String> {
+fn json_value() -> impl Strategy<Value = String> {
     let leaf = prop_oneof![
         select(&["null", "true", "false"][..]).prop_map(String::from),
         number_literal(),
