@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use layad_system_tests::percentile;
 use serde_json::{Value, json};
 
-use crate::plot::{COLOURS, first_appearances, tick_label, xml};
+use crate::plot::{COLOURS, first_appearances, log_ticks, tick_label, xml};
 use crate::workload::{Class, SplitMix64, write_file};
 
 #[derive(clap::Args)]
@@ -393,23 +393,16 @@ fn svg(runs: &[Run], labels: &[String], classes: &[&str], title: &str) -> String
             xml(label)
         ));
     }
-    let mut decade = lo;
-    while decade <= hi * 1.0001 {
-        for m in [1.0, 2.0, 5.0] {
-            let v = decade * m;
-            if v <= hi * 1.0001 {
-                let y = y_of(v);
-                s.push_str(&format!(
-                    "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"{}\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">{}</text>\n",
-                    width - 20.0,
-                    if m == 1.0 { "#bbbbbb" } else { "#eeeeee" },
-                    left - 6.0,
-                    y + 4.0,
-                    tick_label(v)
-                ));
-            }
-        }
-        decade *= 10.0;
+    for (v, starts_decade) in log_ticks(lo, hi) {
+        let y = y_of(v);
+        s.push_str(&format!(
+            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"{}\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">{}</text>\n",
+            width - 20.0,
+            if starts_decade { "#bbbbbb" } else { "#eeeeee" },
+            left - 6.0,
+            y + 4.0,
+            tick_label(v)
+        ));
     }
     s.push_str(&format!(
         "<text transform=\"translate(18 {:.1}) rotate(-90)\" font-size=\"12\" text-anchor=\"middle\">latency from arrival, ms (log)</text>\n",

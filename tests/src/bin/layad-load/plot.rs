@@ -50,6 +50,24 @@ pub(crate) fn xml(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// The gridline values of a log axis from `lo` up to `hi`: 1, 2 and 5 per decade, each with whether
+/// it starts a decade (drawn darker).
+pub(crate) fn log_ticks(lo: f64, hi: f64) -> Vec<(f64, bool)> {
+    let mut ticks = Vec::new();
+    let mut decade = lo;
+    while decade <= hi * 1.0001 {
+        for m in [1.0, 2.0, 5.0] {
+            let v = decade * m;
+            if v > hi * 1.0001 {
+                break;
+            }
+            ticks.push((v, m == 1.0));
+        }
+        decade *= 10.0;
+    }
+    ticks
+}
+
 pub(crate) fn tick_label(v: f64) -> String {
     if v >= 1000.0 {
         format!("{}k", v / 1000.0)
@@ -159,24 +177,16 @@ pub(crate) fn svg(runs: &[RunResult], title: &str) -> String {
             xml(&rates.join(" / "))
         ));
         // Gridlines and y labels at 1, 2, 5 per decade.
-        let mut decade = lo;
-        while decade <= hi * 1.0001 {
-            for m in [1.0, 2.0, 5.0] {
-                let v = decade * m;
-                if v > hi * 1.0001 {
-                    break;
-                }
-                let y = y_of(v);
-                let stroke = if m == 1.0 { "#bbbbbb" } else { "#e5e5e5" };
-                s.push_str(&format!(
-                    "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"{stroke}\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#444444\">{}</text>\n",
-                    left + plot_w,
-                    left - 6.0,
-                    y + 4.0,
-                    tick_label(v)
-                ));
-            }
-            decade *= 10.0;
+        for (v, starts_decade) in log_ticks(lo, hi) {
+            let y = y_of(v);
+            let stroke = if starts_decade { "#bbbbbb" } else { "#e5e5e5" };
+            s.push_str(&format!(
+                "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"{stroke}\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#444444\">{}</text>\n",
+                left + plot_w,
+                left - 6.0,
+                y + 4.0,
+                tick_label(v)
+            ));
         }
         s.push_str(&format!(
             "<text transform=\"translate(18 {:.1}) rotate(-90)\" font-size=\"12\" text-anchor=\"middle\" fill=\"#333333\">latency, ms (log)</text>\n",
@@ -297,4 +307,26 @@ pub(crate) fn plot(args: PlotArgs) -> Result<(), String> {
     print!("{}", markdown(&runs));
     eprintln!("wrote {}", args.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_ticks_are_one_two_five_per_decade_up_to_the_top() {
+        assert_eq!(
+            log_ticks(1.0, 300.0),
+            [
+                (1.0, true),
+                (2.0, false),
+                (5.0, false),
+                (10.0, true),
+                (20.0, false),
+                (50.0, false),
+                (100.0, true),
+                (200.0, false),
+            ]
+        );
+    }
 }
