@@ -92,7 +92,7 @@ compare() {
 
 mkdir -p "$OUT"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release -p layad -p layad-worker-gpu -p layad-system-tests -p layad-engine-bench --bins
+    cargo build --release -p layad -p layad-worker-gpu -p layad-worker-ane -p layad-system-tests -p layad-engine-bench --bins
 fi
 if [ "${SKIP_RUNS:-0}" = 1 ]; then
     compare

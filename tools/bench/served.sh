@@ -23,7 +23,7 @@ DTYPE=${DTYPE:-f32}
 TAG=${TAG:-$DTYPE}
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bins -p layad -p layad-worker-gpu -p layad-system-tests -p layad-engine-bench
+    cargo build --release --bins -p layad -p layad-worker-gpu -p layad-worker-ane -p layad-system-tests -p layad-engine-bench
 fi
 mkdir -p "$OUT"
 # Writes the checkpoint once (reused while its spec is unchanged). With SKIP_FORWARD=1 only that.
