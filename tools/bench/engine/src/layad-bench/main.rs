@@ -40,7 +40,7 @@ struct Args {
     /// Rows per forward.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     rows: Vec<usize>,
-    /// Candle precisions: f32, f16, bf16.
+    /// Candle precisions: f32, f16, bf16, int8 (int8 passes its load-time parity gate first).
     #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
     precisions: Vec<String>,
     /// CPU kernel families to run each precision with: auto (the best this CPU has), avx512, avx2,
