@@ -5,7 +5,7 @@ use candle_core::Device;
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
-    ForwardLimits, LoadedCheckpoint, bucket_for,
+    ForwardLimits, LoadedCheckpoint, ParityReport, bucket_for,
 };
 
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};

@@ -228,7 +228,7 @@ impl QuantizedWeight {
                         stride,
                         accumulate: depth > 0,
                     };
-                    tile(self.kernel, rows, call);
+                    run_tile(self.kernel, rows, call);
                 }
             }
             depth += kc;
@@ -246,7 +246,7 @@ struct IntTileCall<'a> {
     accumulate: bool,
 }
 
-fn tile(kernel: Int8Kernel, rows: usize, call: IntTileCall<'_>) {
+fn run_tile(kernel: Int8Kernel, rows: usize, call: IntTileCall<'_>) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
         Int8Kernel::Avx2 => match pulp::x86::V3::try_new() {
@@ -285,12 +285,12 @@ fn scalar_tile(rows: usize, call: IntTileCall<'_>) {
 fn avx2_tile(simd: pulp::x86::V3, rows: usize, call: IntTileCall<'_>) {
     use pulp::Simd;
     match rows {
-        6 => simd.vectorize(Avx2Tile::<6> { simd, call }),
-        5 => simd.vectorize(Avx2Tile::<5> { simd, call }),
-        4 => simd.vectorize(Avx2Tile::<4> { simd, call }),
-        3 => simd.vectorize(Avx2Tile::<3> { simd, call }),
-        2 => simd.vectorize(Avx2Tile::<2> { simd, call }),
-        _ => simd.vectorize(Avx2Tile::<1> { simd, call }),
+        6 => Simd::vectorize(simd, Avx2Tile::<6> { simd, call }),
+        5 => Simd::vectorize(simd, Avx2Tile::<5> { simd, call }),
+        4 => Simd::vectorize(simd, Avx2Tile::<4> { simd, call }),
+        3 => Simd::vectorize(simd, Avx2Tile::<3> { simd, call }),
+        2 => Simd::vectorize(simd, Avx2Tile::<2> { simd, call }),
+        _ => Simd::vectorize(simd, Avx2Tile::<1> { simd, call }),
     }
 }
 
