@@ -115,16 +115,6 @@ impl QuantizedWeight {
         }
     }
 
-    /// Input width.
-    pub(crate) fn k(&self) -> usize {
-        self.k
-    }
-
-    /// Output width.
-    pub(crate) fn n(&self) -> usize {
-        self.n
-    }
-
     /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major. A row holding a
     /// non-finite value gives a row of NaN (as the float product would).
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
