@@ -541,7 +541,10 @@ fn int8_is_for_cpu_gpu_pools_only() {
     let ane = "[[pool]]\nname = \"ane\"\nworker = \"ane\"\nartifacts = \"a\"\ndtype = \"int8\"\n";
     let problem = only_problem(load(Some(&ConfigFile::new(ane)), &[]));
     assert_eq!(problem.key, "pool[0].dtype");
-    assert!(problem.message.contains("does not apply to an \"ane\" pool"), "{problem}");
+    assert!(
+        problem.message.contains("does not apply to an \"ane\" pool"),
+        "{problem}"
+    );
     // Other spellings are not int8.
     let problem = only_problem(load(Some(&ConfigFile::new(&cpu.replace("int8", "i8"))), &[]));
     assert!(problem.message.contains("int8"), "{problem}");

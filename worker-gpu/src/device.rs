@@ -292,7 +292,10 @@ mod tests {
         assert_eq!(Precision::parse("FP16"), Ok(Precision::F16));
         assert_eq!(Precision::parse("float32"), Ok(Precision::F32));
         assert_eq!(Precision::parse(" INT8 "), Ok(Precision::Int8));
-        assert_eq!((Precision::Int8.dtype(), Precision::Int8.as_str()), (DType::F32, "int8"));
+        assert_eq!(
+            (Precision::Int8.dtype(), Precision::Int8.as_str()),
+            (DType::F32, "int8")
+        );
         assert!(Precision::parse("int4").expect_err("int4").contains("'int4'"));
     }
 

@@ -76,7 +76,9 @@ pub enum LoadError {
     },
     /// The checkpoint's int8 forward disagreed with its float32 forward beyond the parity gate, so
     /// it is not served in int8.
-    #[error("checkpoint '{name}': refused in int8, the parity gate against float32 failed on {rows} built-in rows: {reason}; serve it in f32")]
+    #[error(
+        "checkpoint '{name}': refused in int8, the parity gate against float32 failed on {rows} built-in rows: {reason}; serve it in f32"
+    )]
     ParityGate {
         /// Name the checkpoint was given.
         name: String,

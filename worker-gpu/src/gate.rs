@@ -77,7 +77,11 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, Stri
 /// Runs the gate on `model` (loaded in float32 on the CPU): the float32 outputs first, then the
 /// encoder is quantized to int8 and the same rows run again. On success the model stays in int8
 /// and the report says how close it came; otherwise the checkpoint is refused with the numbers.
-pub fn quantize_behind_gate(name: &str, checkpoint: &Checkpoint, model: &mut LayaModel) -> Result<ParityReport, LoadError> {
+pub fn quantize_behind_gate(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &mut LayaModel,
+) -> Result<ParityReport, LoadError> {
     let refuse = |problem: String| LoadError::Unsupported {
         name: name.to_owned(),
         problem: format!("int8 parity gate: {problem}"),

@@ -271,7 +271,10 @@ fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
     assert_eq!(engine.precision(), Precision::Int8);
     let reports = layad_proto::Engine::parity(&engine);
     assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
-    assert!(reports.iter().all(|r| r.rows >= 8 && r.hard_mismatches == 0), "{reports:?}");
+    assert!(
+        reports.iter().all(|r| r.rows >= 8 && r.hard_mismatches == 0),
+        "{reports:?}"
+    );
     let mut summary = parity::GateSummary::default();
     let (logit, act, rows) = run_goldens(&mut engine, |_, _, golden, out, checkpoint| {
         let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());

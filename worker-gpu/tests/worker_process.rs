@@ -670,7 +670,11 @@ async fn int8_serves_only_after_its_parity_gate_and_describe_reports_the_gate() 
     let mut refused = Worker::start(&["--device", "metal", "--dtype", "int8"]);
     let status = refused.exit_within(Duration::from_secs(30)).await;
     assert!(!status.success(), "{}", refused.log());
-    assert!(refused.log().contains("dtype int8 runs on the CPU only"), "{}", refused.log());
+    assert!(
+        refused.log().contains("dtype int8 runs on the CPU only"),
+        "{}",
+        refused.log()
+    );
     assert!(!refused.socket.exists());
 }
 

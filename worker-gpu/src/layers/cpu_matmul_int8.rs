@@ -85,20 +85,23 @@ impl QuantizedWeight {
         let count = n.div_ceil(NR);
         let mut panels = vec![0i16; count * pairs * 2 * NR];
         if k > 0 {
-            panels.par_chunks_mut(pairs * 2 * NR).enumerate().for_each(|(p, panel)| {
-                for c in 0..NR.min(n - p * NR) {
-                    let col = p * NR + c;
-                    let inverse = if column_max[col] > 0.0 {
-                        WEIGHT_LEVELS as f32 / column_max[col]
-                    } else {
-                        0.0
-                    };
-                    for depth in 0..k {
-                        let q = (weight_t[depth * n + col] * inverse).round();
-                        panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = q as i16;
+            panels
+                .par_chunks_mut(pairs * 2 * NR)
+                .enumerate()
+                .for_each(|(p, panel)| {
+                    for c in 0..NR.min(n - p * NR) {
+                        let col = p * NR + c;
+                        let inverse = if column_max[col] > 0.0 {
+                            WEIGHT_LEVELS as f32 / column_max[col]
+                        } else {
+                            0.0
+                        };
+                        for depth in 0..k {
+                            let q = (weight_t[depth * n + col] * inverse).round();
+                            panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = q as i16;
+                        }
                     }
-                }
-            });
+                });
         }
         // The whole depth's sum stays inside i32: |Σ x·w| ≤ k·levels·127.
         let activation_levels = (i32::MAX as usize / (WEIGHT_LEVELS as usize * (2 * pairs).max(1)))
@@ -382,7 +385,9 @@ mod tests {
 
     /// Pseudo-random values in [−1, 1] with a few larger outliers, like real activations.
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let mut state = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         (0..len)
             .map(|i| {
                 state = state
@@ -394,8 +399,14 @@ mod tests {
             .collect()
     }
 
-    const SHAPES: [(usize, usize, usize); 6] =
-        [(1, 5, 3), (7, 300, 37), (13, 513, 70), (64, 64, 33), (6, 1, 16), (2, 1024, 17)];
+    const SHAPES: [(usize, usize, usize); 6] = [
+        (1, 5, 3),
+        (7, 300, 37),
+        (13, 513, 70),
+        (64, 64, 33),
+        (6, 1, 16),
+        (2, 1024, 17),
+    ];
 
     /// Against a float64 product: the error of each output is within 1% of the size of its terms
     /// (`Σ |x|·|w|`), the bound 8-bit weights and ≥ 12-bit activations give.

@@ -243,7 +243,11 @@ fn run(args: &Args) -> Result<(), String> {
             for gate in engine.parity() {
                 eprintln!(
                     "{} {precision} parity gate: {} rows, max |Δp| {:.5}, max |Δact p| {:.5}, hard mismatches {}",
-                    spec.name, gate.rows, gate.max_probability_diff, gate.max_act_probability_diff, gate.hard_mismatches
+                    spec.name,
+                    gate.rows,
+                    gate.max_probability_diff,
+                    gate.max_act_probability_diff,
+                    gate.hard_mismatches
                 );
                 parity_gates.push(json!({
                     "model": spec.name, "precision": precision.as_str(), "executor": gate.executor, "rows": gate.rows,
