@@ -432,6 +432,10 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
                 );
             }
             match (pool.dtype, pool.executor) {
+                (Some(Dtype::Int8), _) => report_pool(
+                    "dtype",
+                    "\"int8\" does not apply to an \"ane\" pool: it is the candle CPU engine's mode (worker = \"gpu\", device = \"cpu\"); the Neural Engine runs f16".into(),
+                ),
                 (Some(Dtype::Bf16), _) => report_pool(
                     "dtype",
                     "\"bf16\" does not apply to an \"ane\" pool: Core ML runs its graphs in f16; the candle executor takes \"f32\" or \"f16\"".into(),
@@ -451,6 +455,18 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             }
         } else if pool.artifacts.is_some() {
             report_pool("artifacts", "applies only to pools with worker = \"ane\"".into());
+        }
+        if pool.worker == WorkerKind::Gpu
+            && pool.dtype == Some(Dtype::Int8)
+            && matches!(pool.device, Device::Metal | Device::Cuda)
+        {
+            report_pool(
+                "dtype",
+                format!(
+                    "\"int8\" runs on the CPU only, not on device {:?}; use device = \"cpu\" (or \"auto\", which int8 runs on the CPU), or f16/bf16 on the GPU",
+                    pool.device.as_str()
+                ),
+            );
         }
         for (k, value) in [("max_questions", pool.max_questions), ("max_tokens", pool.max_tokens)] {
             if value == Some(0) {

@@ -461,6 +461,9 @@ pub enum Dtype {
     F16,
     /// bfloat16.
     Bf16,
+    /// `gpu` pools on the CPU only: the encoder's matrix products with int8 weights, served only
+    /// after each checkpoint passes a parity gate against its float32 forward at load.
+    Int8,
 }
 
 impl Dtype {
@@ -470,6 +473,7 @@ impl Dtype {
             Dtype::F32 => "f32",
             Dtype::F16 => "f16",
             Dtype::Bf16 => "bf16",
+            Dtype::Int8 => "int8",
         }
     }
 }

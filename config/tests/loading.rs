@@ -517,6 +517,40 @@ fn a_neural_engine_pool_runs_f16_unless_told_and_refuses_f32_with_core_ml() {
 }
 
 #[test]
+fn int8_is_for_cpu_gpu_pools_only() {
+    let cpu = "[[pool]]\nname = \"fast\"\ndevice = \"cpu\"\ndtype = \"int8\"\n";
+    let config = load(Some(&ConfigFile::new(cpu)), &[]).expect("valid");
+    assert_eq!(
+        (config.pools[0].worker, config.pools[0].effective_dtype()),
+        (WorkerKind::Gpu, Dtype::Int8)
+    );
+    assert_eq!(Dtype::Int8.as_str(), "int8");
+    // auto: the worker runs int8 on the CPU.
+    let auto = "[[pool]]\nname = \"fast\"\ndtype = \"int8\"\n";
+    assert!(load(Some(&ConfigFile::new(auto)), &[]).is_ok());
+
+    for device in ["metal", "cuda"] {
+        let gpu = format!("[[pool]]\nname = \"g\"\ndevice = \"{device}\"\ndtype = \"int8\"\n");
+        let problem = only_problem(load(Some(&ConfigFile::new(&gpu)), &[]));
+        assert_eq!(problem.key, "pool[0].dtype");
+        assert!(
+            problem.message.contains("runs on the CPU only") && problem.message.contains(device),
+            "{problem}"
+        );
+    }
+    let ane = "[[pool]]\nname = \"ane\"\nworker = \"ane\"\nartifacts = \"a\"\ndtype = \"int8\"\n";
+    let problem = only_problem(load(Some(&ConfigFile::new(ane)), &[]));
+    assert_eq!(problem.key, "pool[0].dtype");
+    assert!(
+        problem.message.contains("does not apply to an \"ane\" pool"),
+        "{problem}"
+    );
+    // Other spellings are not int8.
+    let problem = only_problem(load(Some(&ConfigFile::new(&cpu.replace("int8", "i8"))), &[]));
+    assert!(problem.message.contains("int8"), "{problem}");
+}
+
+#[test]
 fn routing_limits_and_buckets_are_checked() {
     let file =
         ConfigFile::new("[[pool]]\nname = \"short\"\nmax_questions = 0\nbuckets = [96, 64]\nartifacts = \"a\"\n");

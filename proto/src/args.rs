@@ -28,7 +28,8 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "auto", value_name = "DEVICE")]
     pub device: String,
 
-    /// Precision: `auto`, or one the worker runs (f32, f16; layad-worker-gpu also bf16).
+    /// Precision: `auto`, or one the worker runs (f32, f16; layad-worker-gpu also bf16, and int8 on
+    /// the CPU behind a parity gate).
     #[arg(long, default_value = "auto", value_name = "DTYPE")]
     pub dtype: String,
 

@@ -11,7 +11,8 @@
 //!   (everywhere) and the Core ML executor (`executor::coreml`, macOS only, never compiled on Linux).
 //! - [`artifact`]: `<artifacts>/<checkpoint>/L<bucket>/manifest.json` + `model.mlpackage/` and
 //!   `parity.json`: discovery, field-by-field verification, the package tree hash.
-//! - [`parity`]: the gate's rule (|Δp| and |Δact| ≤ 0.02, no hard mismatch, near-tie flips listed).
+//! - [`parity`]: the gate's rule (|Δp| and |Δact| ≤ 0.02, no hard mismatch, near-tie flips listed),
+//!   shared with the candle worker's int8 gate (it lives in `worker_gpu::parity`).
 //!
 //! The Core ML binding is `objc2-core-ml` (see README.md for why); it is the only code here that is
 //! not built and tested on Linux.
@@ -20,6 +21,6 @@ pub mod artifact;
 pub mod engine;
 pub mod executor;
 pub mod host;
-pub mod parity;
+pub use worker_gpu::parity;
 
 pub use engine::{AneEngine, AneError, AneOptions, ExecutorKind};

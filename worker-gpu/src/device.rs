@@ -58,16 +58,21 @@ pub enum Precision {
     F16,
     /// bfloat16 weights and matmuls (upstream's CUDA autocast with the published `amp_dtype`).
     Bf16,
+    /// CPU only: the encoder's matrix products with int8 weights and integer dot products
+    /// (`layers::cpu_matmul_int8`); everything else float32. Served only behind a parity gate
+    /// against the float32 forward ([`crate::gate`]).
+    Int8,
 }
 
 impl Precision {
-    /// Parses `f32`, `f16` or `bf16` (also `float32`, `fp16`, `float16`, `bfloat16`).
+    /// Parses `f32`, `f16`, `bf16` or `int8` (also `float32`, `fp16`, `float16`, `bfloat16`).
     pub fn parse(text: &str) -> Result<Self, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "f32" | "fp32" | "float32" => Ok(Self::F32),
             "f16" | "fp16" | "float16" | "half" => Ok(Self::F16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
-            _ => Err(format!("unknown precision '{text}'; expected f32, f16 or bf16")),
+            "int8" => Ok(Self::Int8),
+            _ => Err(format!("unknown precision '{text}'; expected f32, f16, bf16 or int8")),
         }
     }
 
@@ -83,21 +88,23 @@ impl Precision {
         }
     }
 
-    /// The candle dtype of weights and matmuls.
+    /// The candle dtype of weights as loaded and of matmul outputs (int8 loads float32 weights and
+    /// quantizes the encoder's afterwards).
     pub fn dtype(self) -> DType {
         match self {
-            Self::F32 => DType::F32,
+            Self::F32 | Self::Int8 => DType::F32,
             Self::F16 => DType::F16,
             Self::Bf16 => DType::BF16,
         }
     }
 
-    /// `f32`, `f16` or `bf16`.
+    /// `f32`, `f16`, `bf16` or `int8`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
         }
     }
 }
@@ -284,7 +291,12 @@ mod tests {
         assert_eq!(Precision::parse("bf16"), Ok(Precision::Bf16));
         assert_eq!(Precision::parse("FP16"), Ok(Precision::F16));
         assert_eq!(Precision::parse("float32"), Ok(Precision::F32));
-        assert!(Precision::parse("int8").expect_err("int8").contains("'int8'"));
+        assert_eq!(Precision::parse(" INT8 "), Ok(Precision::Int8));
+        assert_eq!(
+            (Precision::Int8.dtype(), Precision::Int8.as_str()),
+            (DType::F32, "int8")
+        );
+        assert!(Precision::parse("int4").expect_err("int4").contains("'int4'"));
     }
 
     #[test]

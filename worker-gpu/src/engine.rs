@@ -5,11 +5,12 @@ use candle_core::Device;
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
-    ForwardLimits, LoadedCheckpoint, bucket_for,
+    ForwardLimits, LoadedCheckpoint, ParityReport, bucket_for,
 };
 
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
+use crate::gate;
 use crate::layers::cpu_matmul::CpuKernels;
 use crate::model::LayaModel;
 
@@ -63,6 +64,8 @@ pub struct CandleEngine {
     /// The kernel family of CPU forwards (`None` on other devices).
     cpu_kernels: Option<CpuKernels>,
     models: Vec<NamedModel>,
+    /// The int8 gate each checkpoint passed at load (empty outside int8).
+    parity: Vec<ParityReport>,
     max_rows: u32,
     max_batch_tokens: u32,
     length_buckets: Vec<u32>,
@@ -85,7 +88,17 @@ impl CandleEngine {
             })?;
             opened.push((name, checkpoint));
         }
-        let device = SelectedDevice::open(options.device);
+        // int8 exists on the CPU only: there `auto` means the CPU, and a named GPU is refused.
+        let requested = match (options.precision, options.device) {
+            (Some(Precision::Int8), DeviceRequest::Auto) => DeviceRequest::Cpu,
+            (Some(Precision::Int8), gpu @ (DeviceRequest::Metal | DeviceRequest::Cuda(_))) => {
+                return Err(LoadError::Device(format!(
+                    "dtype int8 runs on the CPU only, not on device {gpu}; use device cpu (or auto), or f16/bf16 on the GPU"
+                )));
+            }
+            (_, requested) => requested,
+        };
+        let device = SelectedDevice::open(requested);
         if let Some(reason) = &device.fallback {
             tracing::warn!(requested = %options.device, %reason, "device fallback");
         }
@@ -109,14 +122,35 @@ impl CandleEngine {
             None
         };
         let mut models = Vec::with_capacity(opened.len());
+        let mut parity = Vec::new();
         for (name, checkpoint) in &opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
-            let load = || LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels);
-            // Packing runs on the engine's pool, like the forwards.
-            let model = match &threads {
+            // int8 loads float32, runs the gate's rows, quantizes and runs them again.
+            let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
+                let mut model =
+                    LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels)?;
+                let report = match precision {
+                    Precision::Int8 => Some(gate::quantize_behind_gate(name, checkpoint, &mut model)?),
+                    _ => None,
+                };
+                Ok((model, report))
+            };
+            // Packing (and the gate) run on the engine's pool, like the forwards.
+            let (model, report) = match &threads {
                 Some(pool) => pool.run(load)?,
                 None => load()?,
             };
+            if let Some(report) = report {
+                tracing::info!(
+                    checkpoint = name,
+                    rows = report.rows,
+                    max_probability_diff = report.max_probability_diff,
+                    max_act_probability_diff = report.max_act_probability_diff,
+                    near_tie_flips = ?report.near_tie_flips,
+                    "int8 parity gate passed (against float32)"
+                );
+                parity.push(report);
+            }
             tracing::info!(
                 checkpoint = name,
                 device = %device.label(),
@@ -142,6 +176,7 @@ impl CandleEngine {
             threads,
             cpu_kernels,
             models,
+            parity,
             max_rows: options.max_rows,
             max_batch_tokens: options.max_batch_tokens,
             length_buckets: options.length_buckets,
@@ -194,6 +229,10 @@ impl Engine for CandleEngine {
             max_batch_tokens: self.max_batch_tokens,
             length_buckets: self.length_buckets.clone(),
         }
+    }
+
+    fn parity(&self) -> Vec<ParityReport> {
+        self.parity.clone()
     }
 
     fn cpu_kernels(&self) -> Option<String> {

@@ -74,6 +74,19 @@ pub enum LoadError {
         /// candle's error.
         source: candle_core::Error,
     },
+    /// The checkpoint's int8 forward disagreed with its float32 forward beyond the parity gate, so
+    /// it is not served in int8.
+    #[error(
+        "checkpoint '{name}': refused in int8, the parity gate against float32 failed on {rows} built-in rows: {reason}; serve it in f32"
+    )]
+    ParityGate {
+        /// Name the checkpoint was given.
+        name: String,
+        /// Rows compared.
+        rows: u32,
+        /// What exceeded the gate, with the numbers.
+        reason: String,
+    },
     /// The device could not be set up (thread pool, precision the device cannot run).
     #[error("device setup: {0}")]
     Device(String),

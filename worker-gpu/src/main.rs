@@ -41,7 +41,8 @@ fn parse_kernels(text: &str) -> Result<Kernels, String> {
 }
 
 /// `--device` (auto: CUDA, then Metal, then CPU; cpu, metal, cuda or cuda:N) and `--dtype` (auto:
-/// f32 on the CPU, the checkpoints' amp_dtype on a GPU; f32, f16 or bf16), or clap's usage error.
+/// f32 on the CPU, the checkpoints' amp_dtype on a GPU; f32, f16, bf16, or int8 on the CPU), or
+/// clap's usage error.
 fn device_and_precision(common: &WorkerArgs) -> (DeviceRequest, Option<Precision>) {
     let invalid = |flag: &str, message: String| -> ! {
         Args::command()

@@ -13,7 +13,7 @@ use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::question::QuestionType;
 use laya::routing::CheckpointName;
 use layad_proto::{Engine, EngineOutput, EngineRow};
-use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, LoadError, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, LoadError, Precision, parity};
 
 fn fixture_cache() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))
@@ -260,6 +260,36 @@ fn bf16_stays_close_to_upstream() {
 #[test]
 fn f16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::F16, 2e-2);
+}
+
+/// int8 against upstream's own float32 numbers, with the parity gate's rule (the one the worker
+/// applies at load against our float32 forward): calibrated probabilities and act probabilities
+/// within 0.02, no hard decision mismatch, all finite, on every golden row.
+#[test]
+fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
+    let mut engine = engine(Precision::Int8);
+    assert_eq!(engine.precision(), Precision::Int8);
+    let reports = layad_proto::Engine::parity(&engine);
+    assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
+    assert!(
+        reports.iter().all(|r| r.rows >= 8 && r.hard_mismatches == 0),
+        "{reports:?}"
+    );
+    let mut summary = parity::GateSummary::default();
+    let (logit, act, rows) = run_goldens(&mut engine, |_, _, golden, out, checkpoint| {
+        let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
+        let index = summary.rows;
+        summary.add(
+            index,
+            &parity::compare(out, &golden.logits, &golden.act_probabilities, t),
+        );
+    });
+    eprintln!(
+        "int8: {rows} rows, worst |Δp| {:.5}, worst |Δact p| {:.5}, worst |Δlogit| {logit:.4}, worst |Δact| {act:.5}, near-tie flips {:?}",
+        summary.max_probability_diff, summary.max_act_probability_diff, summary.near_tie_flips
+    );
+    assert!(rows >= 150, "only {rows} golden rows");
+    assert_eq!(summary.failure(), None, "{summary:?}");
 }
 
 /// Rows of different requests and lengths, padded together in several orders, give what each row

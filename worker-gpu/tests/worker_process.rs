@@ -641,6 +641,44 @@ async fn a_missing_device_is_refused_with_require_device_and_reported_without() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn int8_serves_only_after_its_parity_gate_and_describe_reports_the_gate() {
+    let mut worker = Worker::start(&["--dtype", "int8"]);
+    let (client, _) = worker.ready().await;
+    let info = client.describe().await.expect("describe");
+    assert_eq!((info.device.as_str(), info.dtype.as_str()), ("cpu", "int8"));
+    // What the supervisor shows in /health as pools[].workers[].parity_gate.
+    let gate = info.parity_gate.expect("an int8 worker reports its gate");
+    let names: Vec<&str> = gate.checkpoints.iter().map(|c| c.checkpoint.as_str()).collect();
+    assert_eq!(names, ["english", "multilingual", "typed-decisions"]);
+    for checkpoint in &gate.checkpoints {
+        assert!(checkpoint.executor.contains("int8"), "{checkpoint:?}");
+        assert!(checkpoint.rows >= 8, "{checkpoint:?}");
+        assert_eq!((checkpoint.tolerance, checkpoint.hard_mismatches), (0.02, 0));
+        assert!(
+            checkpoint.max_probability_diff <= 0.02 && checkpoint.max_act_probability_diff <= 0.02,
+            "{checkpoint:?}"
+        );
+    }
+    assert!(worker.log().contains("int8 parity gate passed"), "{}", worker.log());
+    // An int8 forward over gRPC answers every golden row close to upstream.
+    let case = &golden_cases()[0];
+    let answers = client.forward(&case.checkpoint, &rows_of(case)).await.expect("forward");
+    assert_eq!(answers.outputs.len(), case.rows.len());
+    assert!(answers.outputs.iter().all(|o| o.logits.iter().all(|v| v.is_finite())));
+
+    // int8 exists on the CPU only: a named GPU is refused at load, naming the problem.
+    let mut refused = Worker::start(&["--device", "metal", "--dtype", "int8"]);
+    let status = refused.exit_within(Duration::from_secs(30)).await;
+    assert!(!status.success(), "{}", refused.log());
+    assert!(
+        refused.log().contains("dtype int8 runs on the CPU only"),
+        "{}",
+        refused.log()
+    );
+    assert!(!refused.socket.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_directory_others_can_enter_is_refused_before_loading() {
     let dir = tempfile::tempdir().expect("tempdir");
     let shared = dir.path().join("shared");

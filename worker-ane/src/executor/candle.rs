@@ -31,7 +31,8 @@ impl CandleExecutor {
     ) -> Result<Self, worker_gpu::LoadError> {
         let dtype = match precision {
             Precision::F32 => DType::F32,
-            Precision::F16 | Precision::Bf16 => DType::F16,
+            // `AneOptions::check` refuses bf16 and int8 before any load.
+            Precision::F16 | Precision::Bf16 | Precision::Int8 => DType::F16,
         };
         let model = LayaModel::load_with_positions(name, checkpoint, &Device::Cpu, dtype, longest as usize)?;
         Ok(Self {

@@ -144,6 +144,19 @@ impl PackedWeight {
         }
     }
 
+    /// The weight back as `[k, n]` row-major, with the bias: what [`PackedWeight::pack`] was given.
+    pub(crate) fn unpack(&self) -> (Vec<f32>, usize, usize, Option<Vec<f32>>) {
+        let (k, n, nr) = (self.k, self.n, self.nr);
+        let mut weight_t = vec![0f32; k * n];
+        for (p, panel) in self.panels.chunks_exact(k * nr).enumerate() {
+            let width = nr.min(n - p * nr);
+            for (row, src) in panel.chunks_exact(nr).enumerate() {
+                weight_t[row * n + p * nr..row * n + p * nr + width].copy_from_slice(&src[..width]);
+            }
+        }
+        (weight_t, k, n, self.bias.clone())
+    }
+
     /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, n, nr) = (self.k, self.n, self.nr);

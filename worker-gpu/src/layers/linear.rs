@@ -1,11 +1,13 @@
 //! `y = x·Wᵀ (+ b)` in the compute precision: the input is cast down, the output stays in the
 //! compute dtype (what torch autocast does for `nn.Linear`). float32 on the CPU runs the packed
-//! kernels of `cpu_matmul` once [`Linear::pack_for_cpu`] was called.
+//! kernels of `cpu_matmul` once [`Linear::pack_for_cpu`] was called, and int8 ones (`cpu_matmul_int8`)
+//! once [`Linear::quantize_for_cpu`] was.
 
 use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
 use crate::layers::cpu_matmul::{CpuKernels, PackedMatmul, PackedWeight};
+use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedMatmul, QuantizedWeight};
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
@@ -17,6 +19,8 @@ pub(crate) struct Linear {
     bias: Option<Tensor>,
     /// The same weight (and bias) packed for the CPU kernels; then `weight_t` is not used.
     packed: Option<PackedWeight>,
+    /// The weight quantized to int8 for the CPU; then neither `weight_t` nor `packed` is used.
+    quantized: Option<QuantizedWeight>,
 }
 
 impl Linear {
@@ -60,6 +64,7 @@ impl Linear {
             weight_t,
             bias,
             packed: None,
+            quantized: None,
         })
     }
 
@@ -67,7 +72,7 @@ impl Linear {
     /// kernels of its own (not `Gemm`); the tensor copy is then dropped to a placeholder.
     pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
         let on_cpu_f32 = self.weight_t.device().is_cpu() && self.weight_t.dtype() == DType::F32;
-        if !on_cpu_f32 || kernels == CpuKernels::Gemm || self.packed.is_some() {
+        if !on_cpu_f32 || kernels == CpuKernels::Gemm || self.packed.is_some() || self.quantized.is_some() {
             return Ok(());
         }
         let (k, n) = self.weight_t.dims2()?;
@@ -83,11 +88,41 @@ impl Linear {
         Ok(())
     }
 
+    /// Replaces the float32 CPU weight (packed or not) by its int8 quantization (`dtype = "int8"`);
+    /// a no-op for a weight already quantized. Only float32 weights on the CPU can be quantized.
+    pub(crate) fn quantize_for_cpu(&mut self, kernel: Int8Kernel) -> candle_core::Result<()> {
+        if self.quantized.is_some() {
+            return Ok(());
+        }
+        let (weight, k, n, bias) = match self.packed.take() {
+            Some(packed) => packed.unpack(),
+            None => {
+                if !self.weight_t.device().is_cpu() || self.weight_t.dtype() != DType::F32 {
+                    candle_core::bail!(
+                        "int8 needs a float32 weight on the CPU, not {:?} on {:?}",
+                        self.weight_t.dtype(),
+                        self.weight_t.device().location()
+                    )
+                }
+                let (k, n) = self.weight_t.dims2()?;
+                let bias = match self.bias.take() {
+                    Some(bias) => Some(bias.to_vec1::<f32>()?),
+                    None => None,
+                };
+                (self.weight_t.flatten_all()?.to_vec1::<f32>()?, k, n, bias)
+            }
+        };
+        self.quantized = Some(QuantizedWeight::quantize(&weight, k, n, bias, kernel));
+        self.weight_t = Tensor::zeros((1, 1), DType::F32, self.weight_t.device())?;
+        self.bias = None;
+        Ok(())
+    }
+
     /// Multiplies outputs `start..start + len` (weight rows and bias entries in PyTorch's terms) by
     /// `factor`; used to fold attention's `head_dim^-0.5` into the query projection.
     pub(crate) fn scale_outputs(&mut self, start: usize, len: usize, factor: f64) -> candle_core::Result<()> {
-        if self.packed.is_some() {
-            candle_core::bail!("scale_outputs after pack_for_cpu")
+        if self.packed.is_some() || self.quantized.is_some() {
+            candle_core::bail!("scale_outputs after pack_for_cpu or quantize_for_cpu")
         }
         let scale = |t: &Tensor, dim: usize| -> candle_core::Result<Tensor> {
             let size = t.dim(dim)?;
@@ -110,6 +145,12 @@ impl Linear {
 
     /// `x`: `[n, in]` in any float dtype; returns `[n, out]` in the compute dtype.
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(quantized) = &self.quantized {
+            return x
+                .to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op1_no_bwd(&QuantizedMatmul(quantized));
+        }
         if let Some(packed) = &self.packed {
             return x
                 .to_dtype(DType::F32)?

@@ -12,6 +12,7 @@ use layad_proto::{EngineOutput, EngineRow};
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
 use crate::layers::cpu_matmul::CpuKernels;
+use crate::layers::cpu_matmul_int8::Int8Kernel;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -142,6 +143,16 @@ impl LayaModel {
             vocab_size: config.vocab_size,
             max_len,
         })
+    }
+
+    /// Switches the encoder's matrix products to int8 weights (`dtype = "int8"`): each matrix is
+    /// quantized per output column from the loaded float32 weights, which are then dropped.
+    /// Embeddings, norms, attention and the decision head stay float32. CPU and f32 models only.
+    pub fn quantize_encoder(&mut self) -> candle_core::Result<()> {
+        if !self.device.is_cpu() {
+            candle_core::bail!("int8 runs on the CPU only")
+        }
+        self.encoder.quantize_for_cpu(Int8Kernel::detect())
     }
 
     /// The in-graph part of the Neural Engine worker's `bc1s-masked` contract on one row padded to

@@ -12,6 +12,7 @@ use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::GeGluOp;
 use crate::layers::cpu_matmul::CpuKernels;
+use crate::layers::cpu_matmul_int8::Int8Kernel;
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
@@ -148,6 +149,16 @@ impl Encoder {
         for layer in &mut self.layers {
             for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
                 linear.pack_for_cpu(kernels)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces every encoder matrix by its int8 quantization (`dtype = "int8"`, CPU only).
+    pub(crate) fn quantize_for_cpu(&mut self, kernel: Int8Kernel) -> candle_core::Result<()> {
+        for layer in &mut self.layers {
+            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
+                linear.quantize_for_cpu(kernel)?;
             }
         }
         Ok(())

@@ -40,7 +40,7 @@ struct Args {
     /// Rows per forward.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     rows: Vec<usize>,
-    /// Candle precisions: f32, f16, bf16.
+    /// Candle precisions: f32, f16, bf16, int8 (int8 passes its load-time parity gate first).
     #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
     precisions: Vec<String>,
     /// CPU kernel families to run each precision with: auto (the best this CPU has), avx512, avx2,
@@ -189,6 +189,7 @@ fn run(args: &Args) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     let mut cells = Vec::new();
     let mut parity = Vec::new();
+    let mut parity_gates = Vec::new();
     let mut upstream_meta = Vec::new();
     for model in &args.models {
         let spec = match model.as_str() {
@@ -238,6 +239,23 @@ fn run(args: &Args) -> Result<(), String> {
             };
             let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
                 .map_err(|e| e.to_string())?;
+            // int8 loaded only after its gate passed against f32; keep what the gate measured.
+            for gate in engine.parity() {
+                eprintln!(
+                    "{} {precision} parity gate: {} rows, max |Δp| {:.5}, max |Δact p| {:.5}, hard mismatches {}",
+                    spec.name,
+                    gate.rows,
+                    gate.max_probability_diff,
+                    gate.max_act_probability_diff,
+                    gate.hard_mismatches
+                );
+                parity_gates.push(json!({
+                    "model": spec.name, "precision": precision.as_str(), "executor": gate.executor, "rows": gate.rows,
+                    "max_probability_diff": gate.max_probability_diff,
+                    "max_act_probability_diff": gate.max_act_probability_diff,
+                    "hard_mismatches": gate.hard_mismatches, "near_tie_flips": gate.near_tie_flips,
+                }));
+            }
             for &shape in &shapes {
                 let inputs = bench_rows(shape.0, shape.1, spec.vocab);
                 let kernels = engine.kernels().map_or("-", CpuKernels::as_str);
@@ -312,6 +330,7 @@ fn run(args: &Args) -> Result<(), String> {
         "upstream": upstream_meta,
         "cells": json_cells,
         "parity_f32_vs_upstream": parity,
+        "parity_gates": parity_gates,
     });
     let path = args
         .json

@@ -1,5 +1,6 @@
-//! The parity gate: a converted graph's outputs against upstream's PyTorch FP32 outputs on the same
-//! rows, judged on what clients see (calibrated option probabilities, act probability, top option).
+//! The parity gate's rule, shared by the Neural Engine worker (a converted graph against upstream's
+//! PyTorch FP32 outputs) and int8 here (against our own float32 forward, see `gate`): outputs on
+//! the same rows judged on what clients see (calibrated option probabilities, act probability, top option).
 //!
 //! The rule is laya-apple's, fixed before measuring: |Δ| ≤ 0.02 everywhere, no hard mismatch (top
 //! option differs although upstream's top-1/top-2 margin is ≥ 0.04), near-tie flips listed, all finite.

@@ -1,0 +1,134 @@
+//! The int8 load-time gate: built-in sample requests run through a checkpoint's float32 forward and
+//! then its int8 forward, compared with the shared parity rule before the checkpoint may be served.
+//!
+//! The reference is our own float32 forward (it matches upstream's goldens within 1e-4), so the gate
+//! needs no files beyond the checkpoint: the rows are built from the requests below exactly as the
+//! supervisor builds rows, with the checkpoint's own tokenizer and row limits.
+
+use laya::checkpoint::Checkpoint;
+use laya::prompt::{RowLimits, build_rows};
+use laya::question::parse_questions;
+use laya::request::parse_body;
+use layad_proto::{EngineOutput, EngineRow, ParityReport};
+
+use crate::error::LoadError;
+use crate::model::LayaModel;
+use crate::parity::{self, GateSummary};
+
+/// What the gate runs: every question type, two to six options, states from a sentence to a few
+/// hundred tokens (a JSON conversation, truncated from the left like upstream). Each request is one
+/// forward, its rows padded together, as served.
+const GATE_REQUESTS: [&str; 3] = [
+    r#"{"state": "I was charged twice for invoice 4411, please refund it today.",
+        "questions": {
+          "queue": {"type": "choice", "instructions": "Which queue should handle this?",
+                    "criteria": {"billing": "payment problems", "tech": "technical issue", "other": "anything else"}},
+          "urgency": {"type": "score", "instructions": "How urgent is this?",
+                      "criteria": ["not urgent", "somewhat urgent", "urgent", "critical"]},
+          "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}}}"#,
+    r#"{"state": {"customer": "Dana Whitfield", "plan": "business", "tickets_open": 3,
+                  "history": ["Login fails with error 502 since the update on Monday.",
+                              "Reset the password twice, still cannot get in.",
+                              "Our whole team of twelve people is blocked, we have a deadline on Friday.",
+                              "Support chat closed without an answer yesterday evening."],
+                  "last_message": "If this is not fixed today we will cancel the subscription and ask for the money back."},
+        "questions": {
+          "team": {"type": "choice", "instructions": "Which team should take this ticket?",
+                   "criteria": ["billing", "authentication", "infrastructure", "sales", "retention", "spam"]},
+          "churn": {"type": "noul", "instructions": "Is the customer likely to cancel?"}}}"#,
+    r#"{"state": [{"role": "user", "content": "Hi, the parcel with order 88213 arrived damaged, the box was wet and the lamp inside is broken."},
+                  {"role": "assistant", "content": "I am sorry to hear that. Could you send a photo of the damage and the label?"},
+                  {"role": "user", "content": "Sent both. I would prefer a replacement rather than a refund, but it has to arrive before the 20th because it is a gift."},
+                  {"role": "assistant", "content": "Thank you, the photos are attached to the case. Let me check the stock in the warehouse near you."},
+                  {"role": "user", "content": "Ok. Also the courier left it outside in the rain, which is the second time this month."}],
+        "questions": {
+          "severity": {"type": "score", "instructions": "How severe is the customer's problem?",
+                       "criteria": ["minor", "moderate", "serious"]},
+          "action": {"type": "choice", "instructions": "Best next step?",
+                     "criteria": {"replace": "ship a replacement", "refund": "refund the order", "ask": "ask for more details", "escalate": "escalate to the courier team"}},
+          "complaint": {"type": "noul", "instructions": "Does the customer complain about the courier?"}}}"#,
+];
+
+/// The gate's rows, one batch per built-in request, built for `checkpoint`.
+pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, String> {
+    let limits = RowLimits {
+        max_len: checkpoint.agent.max_len,
+        head_max_len: checkpoint.agent.head_max_len,
+    };
+    GATE_REQUESTS
+        .iter()
+        .map(|body| {
+            let request = parse_body(body.as_bytes()).map_err(|e| e.body())?;
+            let questions = parse_questions(&request.questions).map_err(|e| e.0)?;
+            let rows = build_rows(&checkpoint.tokenizer, limits, request.state.as_ref(), &questions)
+                .map_err(|e| e.to_string())?;
+            Ok(rows
+                .into_iter()
+                .map(|row| EngineRow {
+                    ids: row.ids,
+                    markers: row.markers,
+                    qtype: row.qtype as u32,
+                })
+                .collect())
+        })
+        .collect()
+}
+
+/// Runs the gate on `model` (loaded in float32 on the CPU): the float32 outputs first, then the
+/// encoder is quantized to int8 and the same rows run again. On success the model stays in int8
+/// and the report says how close it came; otherwise the checkpoint is refused with the numbers.
+pub fn quantize_behind_gate(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &mut LayaModel,
+) -> Result<ParityReport, LoadError> {
+    let refuse = |problem: String| LoadError::Unsupported {
+        name: name.to_owned(),
+        problem: format!("int8 parity gate: {problem}"),
+    };
+    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
+    let forward = |model: &LayaModel, precision: &str| -> Result<Vec<EngineOutput>, LoadError> {
+        let mut outputs = Vec::new();
+        for rows in &batches {
+            outputs.extend(
+                model
+                    .forward(rows)
+                    .map_err(|e| refuse(format!("{precision} forward failed: {e}")))?,
+            );
+        }
+        Ok(outputs)
+    };
+    let reference = forward(model, "float32")?;
+    model
+        .quantize_encoder()
+        .map_err(|e| refuse(format!("quantizing the encoder: {e}")))?;
+    let ours = forward(model, "int8")?;
+    let mut summary = GateSummary::default();
+    for (index, ((row, want), got)) in batches.iter().flatten().zip(&reference).zip(&ours).enumerate() {
+        let temperature = parity::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        summary.add(
+            index,
+            &parity::compare(got, &want.logits, &want.act_probabilities, temperature),
+        );
+    }
+    if let Some(reason) = summary.failure() {
+        return Err(LoadError::ParityGate {
+            name: name.to_owned(),
+            rows: summary.rows,
+            reason,
+        });
+    }
+    Ok(ParityReport {
+        checkpoint: name.to_owned(),
+        executor: "candle cpu int8 (reference: candle cpu f32)".to_owned(),
+        rows: summary.rows,
+        skipped_rows: 0,
+        tolerance: parity::TOLERANCE,
+        max_probability_diff: summary.max_probability_diff,
+        max_act_probability_diff: summary.max_act_probability_diff,
+        hard_mismatches: 0,
+        near_tie_flips: summary.near_tie_flips,
+        placement: Vec::new(),
+    })
+}
