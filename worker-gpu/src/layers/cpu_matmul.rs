@@ -357,42 +357,66 @@ impl<const R: usize> WithSimd for Tile<'_, R> {
     }
 }
 
-/// `x · W (+ bias)` as a candle op on a contiguous f32 `[.., k]` input, giving `[.., n]`.
-pub(crate) struct PackedMatmul<'a>(pub(crate) &'a PackedWeight);
+/// A constant weight `[k, n]` prepared for the CPU kernels (packed f32, or int8 in
+/// `cpu_matmul_int8`): what [`CpuMatmul`] needs to run it as a candle op.
+pub(crate) trait CpuWeight: Sync {
+    /// The op's name in candle's errors.
+    const NAME: &'static str;
+    /// Input features (`k`) and output features (`n`).
+    fn dims(&self) -> (usize, usize);
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32>;
+}
 
-impl CustomOp1 for PackedMatmul<'_> {
+impl CpuWeight for PackedWeight {
+    const NAME: &'static str = "laya-packed-matmul";
+
+    fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        PackedWeight::matmul(self, x, m)
+    }
+}
+
+/// `x · W (+ bias)` as a candle op on a contiguous f32 `[.., k]` input, giving `[.., n]`.
+pub(crate) struct CpuMatmul<'a, W>(pub(crate) &'a W);
+
+impl<W: CpuWeight> CustomOp1 for CpuMatmul<'_, W> {
     fn name(&self) -> &'static str {
-        "laya-packed-matmul"
+        W::NAME
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("packed matmul: expected f32, got {:?}", storage.dtype())
+            candle_core::bail!("{}: expected f32, got {:?}", W::NAME, storage.dtype())
         };
         let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("packed matmul: expected a contiguous input")
+            candle_core::bail!("{}: expected a contiguous input", W::NAME)
         };
         let dims = layout.dims();
-        let weight = self.0;
+        let (k, n) = self.0.dims();
         match dims.split_last() {
-            Some((&k, _)) if k == weight.k => {}
-            _ => candle_core::bail!("packed matmul: input {dims:?} vs weight [{}, {}]", weight.k, weight.n),
+            Some((&last, _)) if last == k => {}
+            _ => candle_core::bail!("{}: input {dims:?} vs weight [{k}, {n}]", W::NAME),
         }
-        let m = (end - start) / weight.k;
-        let out = weight.matmul(&data[start..end], m);
+        let m = (end - start) / k.max(1);
+        let out = self.0.matmul(&data[start..end], m);
         let mut shape = dims.to_vec();
         if let Some(last) = shape.last_mut() {
-            *last = weight.n;
+            *last = n;
         }
         Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    /// `x · W (+ bias)` in float64, rounded to f32: the reference both kernels' tests compare with.
+    pub(crate) fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {

@@ -16,9 +16,9 @@
 //! *per depth* in float32; measured in docs/benchmarks.md. Weights are held as i16 (half of f32's
 //! memory) so the inner loop does no sign extension.
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use rayon::prelude::*;
+
+use crate::layers::cpu_matmul::CpuWeight;
 
 /// Columns per packed panel (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -336,52 +336,22 @@ impl<const R: usize> pulp::WithSimd for Avx2Tile<'_, R> {
     }
 }
 
-/// `x · W (+ bias)` through int8 weights as a candle op on a contiguous f32 `[.., k]` input,
-/// giving `[.., n]` f32.
-pub(crate) struct QuantizedMatmul<'a>(pub(crate) &'a QuantizedWeight);
+impl CpuWeight for QuantizedWeight {
+    const NAME: &'static str = "laya-int8-matmul";
 
-impl CustomOp1 for QuantizedMatmul<'_> {
-    fn name(&self) -> &'static str {
-        "laya-int8-matmul"
+    fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("int8 matmul: expected f32, got {:?}", storage.dtype())
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("int8 matmul: expected a contiguous input")
-        };
-        let dims = layout.dims();
-        let weight = self.0;
-        match dims.split_last() {
-            Some((&k, _)) if k == weight.k => {}
-            _ => candle_core::bail!("int8 matmul: input {dims:?} vs weight [{}, {}]", weight.k, weight.n),
-        }
-        let m = (end - start) / weight.k.max(1);
-        let out = weight.matmul(&data[start..end], m);
-        let mut shape = dims.to_vec();
-        if let Some(last) = shape.last_mut() {
-            *last = weight.n;
-        }
-        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        QuantizedWeight::matmul(self, x, m)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
-        let mut out = vec![0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let sum: f64 = (0..k).map(|d| f64::from(x[i * k + d]) * f64::from(w[d * n + j])).sum();
-                out[i * n + j] = sum as f32 + bias.map_or(0.0, |b| b[j]);
-            }
-        }
-        out
-    }
+    use crate::layers::cpu_matmul::tests::reference;
 
     /// Pseudo-random values in [−1, 1] with a few larger outliers, like real activations.
     fn values(len: usize, seed: u64) -> Vec<f32> {

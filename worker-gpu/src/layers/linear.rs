@@ -6,8 +6,8 @@
 use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
-use crate::layers::cpu_matmul::{CpuKernels, PackedMatmul, PackedWeight};
-use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedMatmul, QuantizedWeight};
+use crate::layers::cpu_matmul::{CpuKernels, CpuMatmul, PackedWeight};
+use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedWeight};
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
@@ -149,13 +149,13 @@ impl Linear {
             return x
                 .to_dtype(DType::F32)?
                 .contiguous()?
-                .apply_op1_no_bwd(&QuantizedMatmul(quantized));
+                .apply_op1_no_bwd(&CpuMatmul(quantized));
         }
         if let Some(packed) = &self.packed {
             return x
                 .to_dtype(DType::F32)?
                 .contiguous()?
-                .apply_op1_no_bwd(&PackedMatmul(packed));
+                .apply_op1_no_bwd(&CpuMatmul(packed));
         }
         let y = x.to_dtype(self.weight_t.dtype())?.matmul(&self.weight_t)?;
         match &self.bias {
