@@ -37,6 +37,8 @@ const MAX_ACTIVATION_LEVELS: i32 = i16::MAX as i32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Int8Kernel {
     /// `_mm256_madd_epi16` through pulp's AVX2 token (x86-64 with AVX2 + FMA).
+    // Elsewhere only the tests name it (they skip it where `detect` finds no AVX2).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
     /// Portable integer code: other CPUs, and the reference the SIMD path is tested against.
     Scalar,
