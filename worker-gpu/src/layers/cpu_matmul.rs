@@ -166,10 +166,7 @@ impl PackedWeight {
         }
         let packed_x = pack_rows(x, m, k);
         let panels = n.div_ceil(nr);
-        // Enough tasks for every thread to get several (they finish unevenly), few enough that a
-        // task's panels amortise reading the packed rows.
-        let threads = rayon::current_num_threads().max(1);
-        let per_task = panels.div_ceil(4 * threads).clamp(1, MAX_PANELS_PER_TASK);
+        let per_task = panels_per_task(panels);
         let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
             .step_by(per_task)
             .collect::<Vec<_>>()
@@ -269,6 +266,14 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
             }
         }
     }
+}
+
+/// How many of `panels` column panels one parallel task of a product computes (f32 and int8):
+/// enough tasks for every thread of the current pool to get several (they finish unevenly), few
+/// enough that a task's panels amortise reading the packed rows.
+pub(crate) fn panels_per_task(panels: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    panels.div_ceil(4 * threads).clamp(1, MAX_PANELS_PER_TASK)
 }
 
 /// `x` `[m, k]` as row tiles of `MR`: tile `t` holds, for each depth, its `MR` values (zero past `m`).

@@ -18,7 +18,7 @@
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::CpuWeight;
+use crate::layers::cpu_matmul::{CpuWeight, panels_per_task};
 
 /// Columns per packed panel (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -26,8 +26,6 @@ const NR: usize = 16;
 const MR: usize = 6;
 /// Depth pairs of one pass: a panel slice of `KC` pairs (8 KiB) stays in L1.
 const KC: usize = 128;
-/// Most column panels one parallel task computes.
-const MAX_PANELS_PER_TASK: usize = 8;
 /// Largest weight level: symmetric int8 without −128.
 const WEIGHT_LEVELS: i32 = 127;
 /// Largest activation level (i16, symmetric).
@@ -130,8 +128,7 @@ impl QuantizedWeight {
         }
         let (packed_x, row_scales) = self.quantize_rows(x, m);
         let panels = n.div_ceil(NR);
-        let threads = rayon::current_num_threads().max(1);
-        let per_task = panels.div_ceil(4 * threads).clamp(1, MAX_PANELS_PER_TASK);
+        let per_task = panels_per_task(panels);
         let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
             .step_by(per_task)
             .collect::<Vec<_>>()
