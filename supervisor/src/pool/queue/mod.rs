@@ -5,7 +5,8 @@
 //!
 //! The queue is kept in priority order ([`super::order`]: shortest expected first with aging, or
 //! arrival); a batch is the first job a worker can run plus later jobs of the same checkpoint that
-//! fit beside it without too much padding.
+//! fit beside it without too much padding, and only while sharing the forward is expected to save
+//! the queue more time than it costs the batch ([`joins_batch`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -96,6 +97,18 @@ pub struct State {
     pub waits: WaitLog,
     /// The next arrival number.
     next_seq: u64,
+}
+
+/// Whether a job joins a batch of `members` jobs, given what it adds to the batch's device time
+/// (`added`), what it would take alone (`alone`) and how many queued jobs wait behind it per worker
+/// (`behind`). Every job of a batch waits for all of it, so joining delays the `members` by `added`;
+/// it saves `alone - added` for the job itself and for each job behind it. It joins when the saving
+/// outweighs the delay: on a GPU a row adds little and batches grow; on a CPU a 64-token row costs
+/// about as much in a batch as alone (docs/benchmarks.md, "Scheduling"), so only a deep queue
+/// makes a batch worth its members' wait.
+pub fn joins_batch(added: Duration, alone: Duration, members: usize, behind: f64) -> bool {
+    let saved = alone.saturating_sub(added).as_secs_f64();
+    members as f64 * added.as_secs_f64() < saved * (1.0 + behind)
 }
 
 /// The forward a batch runs: all its rows, padded to its longest.
@@ -204,6 +217,7 @@ impl State {
         head_forward: ForwardShape,
         limits: &Capabilities,
         forward: impl Fn(&Entry) -> Option<ForwardShape>,
+        cost: impl Fn(ForwardShape) -> Duration,
     ) -> Vec<(usize, ForwardShape)> {
         let head = &self.queue[first];
         let mut members = vec![(first, head_forward)];
@@ -223,7 +237,23 @@ impl State {
             // than running them apart (a CPU forward's time grows with its tokens), so a job joins
             // only while the batch stays within MAX_PADDING of the tokens its jobs need alone.
             let within_padding = (total * len) as f64 <= (needed + own.tokens()) as f64 * (1.0 + MAX_PADDING);
-            if total <= limits.max_rows && total * len <= limits.max_batch_tokens && within_padding {
+            let grown = ForwardShape {
+                rows: total,
+                padded_len: len,
+            };
+            let current = ForwardShape { rows, padded_len };
+            // Shared by the workers that serve this queue: each waits behind a share of it.
+            let behind = (self.queue.len() - pos - 1) as f64 / self.ready.len().max(1) as f64;
+            if total <= limits.max_rows
+                && total * len <= limits.max_batch_tokens
+                && within_padding
+                && joins_batch(
+                    cost(grown).saturating_sub(cost(current)),
+                    cost(own),
+                    members.len(),
+                    behind,
+                )
+            {
                 members.push((pos, own));
                 (rows, padded_len, needed) = (total, len, needed + own.tokens());
             }
@@ -281,7 +311,14 @@ impl State {
             .iter()
             .position(|q| checkpoints.contains(&q.job.checkpoint))?;
         let head = &self.queue[first];
-        let members = self.batch_members(first, head.forward, limits, |q| Some(q.forward));
+        let checkpoint = head.job.checkpoint;
+        let members = self.batch_members(
+            first,
+            head.forward,
+            limits,
+            |q| Some(q.forward),
+            |f| self.model.estimate(checkpoint, f),
+        );
         let rows: usize = members.iter().map(|(_, f)| f.rows).sum();
         if rows < limits.max_rows && !head.solo && head.enqueued.elapsed() < batch_wait {
             return None;
@@ -319,7 +356,8 @@ impl State {
             }
         }
         let (first, forward, would_start) = head?;
-        let members = self.batch_members(first, forward, limits, fits);
+        let checkpoint = self.queue[first].job.checkpoint;
+        let members = self.batch_members(first, forward, limits, fits, |f| service(checkpoint, f));
         let mut batch = self.remove(&members);
         for q in &mut batch {
             q.estimate = service(q.job.checkpoint, q.forward);

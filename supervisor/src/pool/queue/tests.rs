@@ -51,17 +51,29 @@ fn short_pool() -> Capabilities {
 }
 
 /// A pool state whose forwards are estimated at `ms_per_token` per token (English), with `ready`
-/// idle workers.
+/// idle workers: a CPU, where sharing a forward saves nothing.
 fn state(ms_per_token: f64, ready: usize) -> State {
-    let mut state = State::default();
-    state.model.seed(vec![WarmupPoint {
+    state_with_overhead(0.0, ms_per_token, ready)
+}
+
+/// Like [`state`], with `overhead_ms` more per forward, however many rows it carries: a device where
+/// sharing a forward saves time.
+fn state_with_overhead(overhead_ms: f64, ms_per_token: f64, ready: usize) -> State {
+    let point = |tokens: usize| WarmupPoint {
         checkpoint: ENGLISH,
         shape: ForwardShape {
             rows: 1,
-            padded_len: 64,
+            padded_len: tokens,
         },
-        steady_ms: 64.0 * ms_per_token,
-    }]);
+        steady_ms: overhead_ms + tokens as f64 * ms_per_token,
+    };
+    let mut state = State::default();
+    // Estimates interpolate linearly between these two: overhead + tokens × ms_per_token.
+    state.model.seed(if overhead_ms == 0.0 {
+        vec![point(64)]
+    } else {
+        vec![point(1), point(1_000_000)]
+    });
     for index in 0..ready {
         state.ready.insert(
             index,
@@ -97,7 +109,7 @@ fn queued(state: &State) -> Vec<&str> {
 
 #[test]
 fn batches_take_same_checkpoint_jobs_of_similar_length_only() {
-    let mut state = state(1.0, 1);
+    let mut state = state_with_overhead(50.0, 0.1, 1);
     let _answers = queue(
         &mut state,
         QueueOrder::Arrival,
@@ -220,7 +232,7 @@ fn expected_starts_book_running_and_earlier_queued_work_on_the_first_free_worker
 
 #[test]
 fn starting_a_batch_records_its_expected_time_and_the_waits_per_class() {
-    let mut state = state(1.0, 1);
+    let mut state = state_with_overhead(100.0, 1.0, 1);
     let _answers = queue(
         &mut state,
         QueueOrder::ShortestFirst,
@@ -236,7 +248,11 @@ fn starting_a_batch_records_its_expected_time_and_the_waits_per_class() {
             padded_len: 64
         }
     );
-    assert_eq!(state.running[&0].1, 128 * MS, "2 rows of 64 tokens at 1 ms each");
+    let expected = state.running[&0].1.as_secs_f64() * 1000.0;
+    assert!(
+        (expected - 228.0).abs() < 1e-6,
+        "100 ms + 2 rows of 64 tokens at 1 ms: {expected}"
+    );
     let waits = state.waits.summary();
     assert_eq!((waits.len(), waits[0].class.name(), waits[0].jobs), (1, "single-64", 2));
     // A lost batch goes back in service order.
@@ -259,7 +275,8 @@ fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
         QueueOrder::Arrival,
         &[(ENGLISH, &[384]), (ENGLISH, &[60]), (ENGLISH, &[64])],
     );
-    let peer_ms = |_: CheckpointName, f: ForwardShape| MS * f.tokens() as u32;
+    // 100 ms per forward there, plus 1 ms per token: sharing a forward saves time.
+    let peer_ms = |_: CheckpointName, f: ForwardShape| MS * (100 + f.tokens() as u32);
     let taken = general_state
         .take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms)
         .expect("taken");
@@ -269,7 +286,7 @@ fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
     assert_eq!(over.from, "general");
     let would_start = over.would_start.expect("a ready worker");
     assert!(would_start > 580 * MS && would_start <= 584 * MS, "{would_start:?}");
-    assert_eq!(taken[1].estimate, 64 * MS, "estimated on the peer");
+    assert_eq!(taken[1].estimate, 164 * MS, "estimated on the peer");
     assert_eq!(queued(&general_state), ["[384]"]);
     assert_eq!(general_state.taken, (0, 2));
     // Only one checkpoint served by the peer's worker: none of the others.
@@ -429,7 +446,7 @@ fn a_job_near_its_deadline_goes_before_shorter_ones_that_can_wait() {
 
 #[test]
 fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
-    let mut state = state(1.0, 1);
+    let mut state = state_with_overhead(100.0, 1.0, 1);
     let _answers = queue(
         &mut state,
         QueueOrder::ShortestFirst,
@@ -448,4 +465,56 @@ fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
         }
     );
     assert_eq!(queued(&state), ["[120]"]);
+}
+
+#[test]
+fn a_pool_where_sharing_a_forward_saves_nothing_runs_its_jobs_apart() {
+    // A CPU: two rows cost twice one, so a batch would only make its first job wait for the others.
+    let mut state = state(1.0, 1);
+    let row: &[usize] = &[64];
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); 20]);
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
+    assert_eq!(batch.len(), 1);
+    assert_eq!(state.batches, (0, 0));
+}
+
+#[test]
+fn a_small_saving_is_worth_a_batch_only_behind_a_deep_queue() {
+    // 8 ms per forward + 1 ms per token: a second 64-token row adds 64 ms and saves 8. Joining costs
+    // the jobs already in the batch 64 ms each and saves 8 ms for itself and each job behind it.
+    let take = |queued: usize| {
+        let mut state = state_with_overhead(8.0, 1.0, 1);
+        let row: &[usize] = &[64];
+        let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); queued]);
+        let batch = state
+            .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+            .expect("a batch");
+        batch.len()
+    };
+    assert_eq!(take(5), 1, "3 behind the second: 64 ms lost against 32 saved");
+    // 20 queued: the second joins (64 < 8 × 19), the third (2 × 64 < 8 × 18), not a fourth
+    // (3 × 64 against 8 × 17).
+    assert_eq!(take(20), 3);
+    // Shared among two workers, the same queue is half as deep for each.
+    let mut two = state_with_overhead(8.0, 1.0, 2);
+    let row: &[usize] = &[64];
+    let _answers = queue(&mut two, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); 20]);
+    let batch = two
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
+    assert_eq!(batch.len(), 2, "64 < 8 × (1 + 18 / 2), 128 > 8 × (1 + 17 / 2)");
+}
+
+#[test]
+fn joining_a_batch_weighs_the_members_delay_against_the_time_saved() {
+    // A GPU row: 2 ms more in a batch, 20 ms alone; worth it for up to 8 members with nothing behind.
+    assert!(joins_batch(2 * MS, 20 * MS, 8, 0.0));
+    assert!(!joins_batch(2 * MS, 20 * MS, 9, 0.0));
+    // Costing as much as it saves never is; costing more never is, however deep the queue.
+    assert!(!joins_batch(20 * MS, 20 * MS, 1, 1000.0));
+    assert!(!joins_batch(30 * MS, 20 * MS, 1, 1000.0));
+    // Free rows always join.
+    assert!(joins_batch(Duration::ZERO, 20 * MS, 63, 0.0));
 }

@@ -1,5 +1,6 @@
 //! `layad-load`: the open-loop load generator of the scheduling benchmark (heterogeneous pools).
-//! Owns the CLI, sending, statistics and the run / capacity commands; `workload` and `plot` the rest.
+//! Owns the CLI, sending, statistics and the run / capacity commands; `workload`, `plot`, `compare`
+//! and `replay` the rest.
 //!
 //! `run` sends a seeded Poisson or bursty arrival sequence of a mixed workload (short, medium and
 //! long single-question requests, short four-question requests) at its scheduled times whatever the
@@ -7,7 +8,8 @@
 //! numbers instead of slowing the client down (the coordinated-omission trap of closed loops).
 //! `capacity` is the closed-loop throughput of the same mix, to size the offered load; `plot` turns
 //! result files into docs/scheduling.svg and a markdown table; `compare` reads several seeds of
-//! several configurations with bootstrap intervals. tools/bench/scheduling.sh drives it.
+//! several configurations with bootstrap intervals; `replay` replays a run's arrivals on idealised
+//! servers (what the policy allows on the hardware). tools/bench/scheduling.sh drives it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -37,6 +39,8 @@ enum Command {
     Plot(PlotArgs),
     /// Several seeds of several configurations: P99 ratios with bootstrap intervals, SVG per seed.
     Compare(compare::CompareArgs),
+    /// Result files' arrivals replayed on idealised servers: what the policy allows on the hardware.
+    Replay(replay::ReplayArgs),
 }
 
 /// What every measuring command needs to build the same requests.
@@ -131,6 +135,7 @@ impl Arrivals {
 
 mod compare;
 mod plot;
+mod replay;
 mod workload;
 
 use workload::{BodySpec, Class, SplitMix64, answer_values, arrivals, body_index, drift, workload, write_file};
@@ -660,6 +665,7 @@ async fn main() {
         Command::Capacity(args) => capacity(args).await,
         Command::Plot(args) => plot::plot(args),
         Command::Compare(args) => compare::compare(args),
+        Command::Replay(args) => replay::replay_command(args),
     };
     if let Err(e) = result {
         eprintln!("layad-load: {e}");
