@@ -2,7 +2,11 @@
 //! seeded from the workers' warm-up timings and following the measured device times.
 //!
 //! Estimates are kept per checkpoint × length band × rows band as an exponentially weighted moving
-//! average; a band never observed is interpolated from the warm-up shapes by token count.
+//! average of the time per padded token, started by the band's first measurement; a band never
+//! observed is interpolated from the warm-up shapes by token count, a guess:
+//! [`ServiceModel::measured`] tells which is which. Per token, so that within a band a forward
+//! costs in proportion to its tokens: a row added to a batch never looks free because the larger
+//! batch falls in the same band.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -58,6 +62,7 @@ pub struct WarmupPoint {
 #[derive(Clone, Debug, Default)]
 pub struct ServiceModel {
     warmup: Vec<WarmupPoint>,
+    /// Milliseconds per padded token, per band.
     learnt: HashMap<Band, f64>,
 }
 
@@ -72,7 +77,7 @@ impl ServiceModel {
     /// Expected device time of a forward of `shape` on `checkpoint`.
     pub fn estimate(&self, checkpoint: CheckpointName, shape: ForwardShape) -> Duration {
         let ms = match self.learnt.get(&Band::of(checkpoint, shape)) {
-            Some(&ms) => ms,
+            Some(&per_token) => per_token * shape.tokens() as f64,
             None => self.scaled_warmup(checkpoint, shape),
         };
         Duration::from_secs_f64(ms.max(0.0) / 1000.0)
@@ -113,13 +118,20 @@ impl ServiceModel {
         })
     }
 
-    /// Folds a measured forward into the average of its band.
+    /// Whether forwards in the band of `shape` were measured (else its estimate is interpolated).
+    pub fn measured(&self, checkpoint: CheckpointName, shape: ForwardShape) -> bool {
+        self.learnt.contains_key(&Band::of(checkpoint, shape))
+    }
+
+    /// Folds a measured forward into the average of its band. The first measurement replaces the
+    /// interpolated guess: a batch shape is often measured once only (it did not pay), and that
+    /// once must count.
     pub fn observe(&mut self, checkpoint: CheckpointName, shape: ForwardShape, device_time: Duration) {
-        let ms = device_time.as_secs_f64() * 1000.0;
-        let band = Band::of(checkpoint, shape);
-        let seed = self.scaled_warmup(checkpoint, shape);
-        let average = self.learnt.entry(band).or_insert(seed);
-        *average += EWMA_WEIGHT * (ms - *average);
+        let per_token = device_time.as_secs_f64() * 1000.0 / shape.tokens().max(1) as f64;
+        self.learnt
+            .entry(Band::of(checkpoint, shape))
+            .and_modify(|average| *average += EWMA_WEIGHT * (per_token - *average))
+            .or_insert(per_token);
     }
 }
 
@@ -206,12 +218,20 @@ mod tests {
         for _ in 0..50 {
             model.observe(ENGLISH, shape(1, 60), Duration::from_millis(30));
         }
-        let learnt = ms(model.estimate(ENGLISH, shape(1, 64)));
+        let learnt = ms(model.estimate(ENGLISH, shape(1, 60)));
         assert!((learnt - 30.0).abs() < 0.01, "{learnt}");
+        // The band (33 to 64 tokens) costs in proportion to its tokens.
+        assert!((ms(model.estimate(ENGLISH, shape(1, 64))) - 32.0).abs() < 0.01);
+        assert!(model.measured(ENGLISH, shape(1, 60)) && !model.measured(ENGLISH, shape(2, 64)));
         // One outlier moves it by a fifth of the difference only.
-        model.observe(ENGLISH, shape(1, 64), Duration::from_millis(130));
-        assert!((ms(model.estimate(ENGLISH, shape(1, 64))) - 50.0).abs() < 0.01);
-        // 4 rows of 64 is another band: still the warm-up (proportional beyond its one shape).
+        model.observe(ENGLISH, shape(1, 60), Duration::from_millis(130));
+        assert!((ms(model.estimate(ENGLISH, shape(1, 60))) - 50.0).abs() < 0.01);
+        // 4 rows of 64 is another band: still the warm-up (proportional beyond its one shape)...
         assert!((ms(model.estimate(ENGLISH, shape(4, 64))) - 40.0).abs() < 1e-9);
+        // ...until measured once: the measurement replaces the guess. 3 rows share the 4-row band
+        // and cost three quarters of 4.
+        model.observe(ENGLISH, shape(4, 64), Duration::from_millis(90));
+        assert!((ms(model.estimate(ENGLISH, shape(4, 64))) - 90.0).abs() < 1e-6);
+        assert!((ms(model.estimate(ENGLISH, shape(3, 64))) - 67.5).abs() < 1e-6);
     }
 }

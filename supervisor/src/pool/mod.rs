@@ -328,6 +328,7 @@ impl Pool {
                 &worker.checkpoints,
                 &worker.limits,
                 |checkpoint, forward| model.estimate(checkpoint, forward),
+                |checkpoint, forward| model.measured(checkpoint, forward),
             );
             if let Some(batch) = taken {
                 let mut state = self.lock();

@@ -217,7 +217,7 @@ impl State {
         head_forward: ForwardShape,
         limits: &Capabilities,
         forward: impl Fn(&Entry) -> Option<ForwardShape>,
-        cost: impl Fn(ForwardShape) -> Duration,
+        cost: impl Fn(ForwardShape) -> (Duration, bool),
     ) -> Vec<(usize, ForwardShape)> {
         let head = &self.queue[first];
         let mut members = vec![(first, head_forward)];
@@ -226,6 +226,9 @@ impl State {
         if head.solo || limits.max_rows <= 1 {
             return members;
         }
+        // A batch size never measured has only an interpolated estimate: a batch may grow into one
+        // such size to measure it, and from then on its measured time decides.
+        let mut tried_a_size = false;
         for (pos, q) in self.queue.iter().enumerate().skip(first + 1) {
             if q.job.checkpoint != head.job.checkpoint || q.solo || q.reply.is_closed() {
                 continue;
@@ -242,18 +245,15 @@ impl State {
                 padded_len: len,
             };
             let current = ForwardShape { rows, padded_len };
+            if total > limits.max_rows || total * len > limits.max_batch_tokens || !within_padding {
+                continue;
+            }
+            let ((with, measured), (without, _), (alone, _)) = (cost(grown), cost(current), cost(own));
             // Shared by the workers that serve this queue: each waits behind a share of it.
             let behind = (self.queue.len() - pos - 1) as f64 / self.ready.len().max(1) as f64;
-            if total <= limits.max_rows
-                && total * len <= limits.max_batch_tokens
-                && within_padding
-                && joins_batch(
-                    cost(grown).saturating_sub(cost(current)),
-                    cost(own),
-                    members.len(),
-                    behind,
-                )
-            {
+            let try_size = !measured && !tried_a_size;
+            if try_size || joins_batch(with.saturating_sub(without), alone, members.len(), behind) {
+                tried_a_size |= try_size;
                 members.push((pos, own));
                 (rows, padded_len, needed) = (total, len, needed + own.tokens());
             }
@@ -317,7 +317,7 @@ impl State {
             head.forward,
             limits,
             |q| Some(q.forward),
-            |f| self.model.estimate(checkpoint, f),
+            |f| (self.model.estimate(checkpoint, f), self.model.measured(checkpoint, f)),
         );
         let rows: usize = members.iter().map(|(_, f)| f.rows).sum();
         if rows < limits.max_rows && !head.solo && head.enqueued.elapsed() < batch_wait {
@@ -329,7 +329,8 @@ impl State {
     }
 
     /// For an idle worker of another pool (`from` this one's name; it serves `checkpoints` within
-    /// `limits`, and `service` estimates a forward there): the first queued job it can hold that no
+    /// `limits`, `service` estimates a forward there and `measured` says whether that estimate was
+    /// measured): the first queued job it can hold that no
     /// worker here would start at once and that it would finish strictly earlier than this pool,
     /// plus later jobs that can share its forward there. Taken out of this queue.
     pub fn take_for_peer(
@@ -338,6 +339,7 @@ impl State {
         checkpoints: &[CheckpointName],
         limits: &Capabilities,
         service: impl Fn(CheckpointName, ForwardShape) -> Duration,
+        measured: impl Fn(CheckpointName, ForwardShape) -> bool,
     ) -> Option<Vec<Entry>> {
         let fits = |q: &Entry| limits.holds(JobShape::of(&q.job.rows)).ok();
         // Where each job would start here, in service order; without a ready worker, never.
@@ -357,7 +359,9 @@ impl State {
         }
         let (first, forward, would_start) = head?;
         let checkpoint = self.queue[first].job.checkpoint;
-        let members = self.batch_members(first, forward, limits, fits, |f| service(checkpoint, f));
+        let members = self.batch_members(first, forward, limits, fits, |f| {
+            (service(checkpoint, f), measured(checkpoint, f))
+        });
         let mut batch = self.remove(&members);
         for q in &mut batch {
             q.estimate = service(q.job.checkpoint, q.forward);

@@ -99,6 +99,19 @@ fn queue(state: &mut State, order: QueueOrder, jobs: &[(CheckpointName, &[usize]
         .collect()
 }
 
+/// A peer whose every estimate was measured.
+fn measured(_: CheckpointName, _: ForwardShape) -> bool {
+    true
+}
+
+/// Records one forward of `rows` rows of 64 tokens taking exactly what the model expects, so that
+/// its band counts as measured.
+fn measure(state: &mut State, rows: usize) {
+    let shape = ForwardShape { rows, padded_len: 64 };
+    let expected = state.model.estimate(ENGLISH, shape);
+    state.model.observe(ENGLISH, shape, expected);
+}
+
 fn ids(entries: &[Entry]) -> Vec<&str> {
     entries.iter().map(|q| q.job.request_id.as_str()).collect()
 }
@@ -278,7 +291,7 @@ fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
     // 100 ms per forward there, plus 1 ms per token: sharing a forward saves time.
     let peer_ms = |_: CheckpointName, f: ForwardShape| MS * (100 + f.tokens() as u32);
     let taken = general_state
-        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms)
+        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms, measured)
         .expect("taken");
     // The long job does not fit the short pool; both short ones share the peer's forward.
     assert_eq!(ids(&taken), ["[60]", "[64]"]);
@@ -297,7 +310,7 @@ fn an_idle_peer_takes_the_first_job_it_holds_and_would_finish_earlier() {
     );
     assert!(
         general_state
-            .take_for_peer("general", &[ENGLISH], &short_pool(), peer_ms)
+            .take_for_peer("general", &[ENGLISH], &short_pool(), peer_ms, measured)
             .is_none()
     );
 }
@@ -308,7 +321,7 @@ fn a_peer_takes_nothing_a_free_worker_here_starts_at_once_or_it_would_finish_lat
     let mut idle = state(1.0, 1);
     let _answers = queue(&mut idle, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
     assert!(
-        idle.take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms)
+        idle.take_for_peer("general", &CheckpointName::ALL, &short_pool(), peer_ms, measured)
             .is_none(),
         "the free worker here takes it"
     );
@@ -317,7 +330,7 @@ fn a_peer_takes_nothing_a_free_worker_here_starts_at_once_or_it_would_finish_lat
     let _answers = queue(&mut busy, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
     let slow_peer = |_: CheckpointName, f: ForwardShape| 10 * MS * f.tokens() as u32;
     assert!(
-        busy.take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer)
+        busy.take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer, measured)
             .is_none(),
         "600 ms there against 80 ms here"
     );
@@ -325,7 +338,7 @@ fn a_peer_takes_nothing_a_free_worker_here_starts_at_once_or_it_would_finish_lat
     let mut stalled = state(1.0, 0);
     let _answers = queue(&mut stalled, QueueOrder::Arrival, &[(ENGLISH, &[60])]);
     let taken = stalled
-        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer)
+        .take_for_peer("general", &CheckpointName::ALL, &short_pool(), slow_peer, measured)
         .expect("taken");
     assert_eq!(taken[0].taken_over.as_ref().map(|t| t.would_start), Some(None));
 }
@@ -468,24 +481,35 @@ fn a_short_pool_runs_single_questions_that_arrive_together_in_one_forward() {
 }
 
 #[test]
-fn a_pool_where_sharing_a_forward_saves_nothing_runs_its_jobs_apart() {
-    // A CPU: two rows cost twice one, so a batch would only make its first job wait for the others.
+fn an_untried_batch_size_is_tried_once_then_its_measured_time_decides() {
+    // A CPU: two rows cost twice one, so a batch only makes its first job wait for the others. The
+    // 2-row size was never measured: the first batch tries it (one size at a time), and once it is
+    // measured at twice one row, jobs run apart.
     let mut state = state(1.0, 1);
     let row: &[usize] = &[64];
     let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); 20]);
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
         .expect("a batch");
+    assert_eq!(batch.len(), 2, "the 2-row size is tried, not a third row besides");
+    state.model.observe(ENGLISH, forward_of(&batch), 128 * MS);
+    state.running.clear();
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
     assert_eq!(batch.len(), 1);
-    assert_eq!(state.batches, (0, 0));
 }
 
 #[test]
 fn a_small_saving_is_worth_a_batch_only_behind_a_deep_queue() {
     // 8 ms per forward + 1 ms per token: a second 64-token row adds 64 ms and saves 8. Joining costs
-    // the jobs already in the batch 64 ms each and saves 8 ms for itself and each job behind it.
-    let take = |queued: usize| {
-        let mut state = state_with_overhead(8.0, 1.0, 1);
+    // the jobs already in the batch what it adds, each, and saves the rest for itself and each job
+    // behind it.
+    let take = |queued: usize, workers: usize| {
+        let mut state = state_with_overhead(8.0, 1.0, workers);
+        for rows in [1, 2, 4] {
+            measure(&mut state, rows);
+        }
         let row: &[usize] = &[64];
         let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); queued]);
         let batch = state
@@ -493,18 +517,12 @@ fn a_small_saving_is_worth_a_batch_only_behind_a_deep_queue() {
             .expect("a batch");
         batch.len()
     };
-    assert_eq!(take(5), 1, "3 behind the second: 64 ms lost against 32 saved");
-    // 20 queued: the second joins (64 < 8 × 19), the third (2 × 64 < 8 × 18), not a fourth
-    // (3 × 64 against 8 × 17).
-    assert_eq!(take(20), 3);
+    assert_eq!(take(5, 1), 1, "3 behind the second: 64 ms lost against 4 x 8 saved");
+    // 20 queued: the second joins (64 < 8 x 19); the third adds 62 ms (3 rows cost three quarters
+    // of the 4-row band's 264 ms) and saves 10 (2 x 62 < 10 x 18); a fourth adds 66 and saves 6.
+    assert_eq!(take(20, 1), 3);
     // Shared among two workers, the same queue is half as deep for each.
-    let mut two = state_with_overhead(8.0, 1.0, 2);
-    let row: &[usize] = &[64];
-    let _answers = queue(&mut two, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); 20]);
-    let batch = two
-        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
-        .expect("a batch");
-    assert_eq!(batch.len(), 2, "64 < 8 × (1 + 18 / 2), 128 > 8 × (1 + 17 / 2)");
+    assert_eq!(take(20, 2), 2, "64 < 8 x (1 + 18 / 2), 2 x 62 > 10 x (1 + 17 / 2)");
 }
 
 #[test]
