@@ -20,7 +20,8 @@
 # then SEEDS=12, ...; each call adds its runs to $OUT and recomputes the comparison over all of them.
 #
 # Results: $OUT/*.json, $OUT/runs.log (commit, time, load average per run), $OUT/compare.md and
-# compare.json, $PLOT. Knobs (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long
+# compare.json, $PLOT; for added-device also $OUT/replay.md and replay.json (`layad-load replay`: the
+# same arrivals on idealised servers, what the policy itself allows on this hardware). Knobs (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long
 # enough for about 600 short requests per run), CAPACITY_SECONDS, CLIENTS, LOAD_FRACTION, RATE (skip
 # the capacity run), PORT, CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS,
 # SKIP_BUILD=1, SKIP_RUNS=1 (only compare), BIN, OUT, PLOT.
@@ -88,6 +89,11 @@ compare() {
     "$BIN/layad-load" compare "${args[@]}" --json "$OUT/compare.json" --plot "$PLOT" "${results[@]}" \
         | tee "$OUT/compare.md"
     echo "results in $OUT; comparison in $OUT/compare.md; plot in $PLOT" >&2
+    # What an ideal shortest-first scheduler would reach on the same arrivals and device times.
+    local added=("$OUT"/added-short-bursty-s*.json)
+    if [ "$EXPERIMENT" = added-device ] && [ -e "${added[0]}" ]; then
+        "$BIN/layad-load" replay --json "$OUT/replay.json" "${added[@]}" | tee "$OUT/replay.md"
+    fi
 }
 
 mkdir -p "$OUT"

@@ -6,7 +6,8 @@
 //! The queue is kept in priority order ([`super::order`]: shortest expected first with aging, or
 //! arrival); a batch is the first job a worker can run plus later jobs of the same checkpoint that
 //! fit beside it without too much padding, and only while sharing the forward is expected to save
-//! the queue more time than it costs the batch ([`joins_batch`]).
+//! the queue more time than it costs the batch ([`joins_batch`]) — or to measure one batch size
+//! whose time is still a guess.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
