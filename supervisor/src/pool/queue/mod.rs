@@ -241,14 +241,14 @@ impl State {
             // than running them apart (a CPU forward's time grows with its tokens), so a job joins
             // only while the batch stays within MAX_PADDING of the tokens its jobs need alone.
             let within_padding = (total * len) as f64 <= (needed + own.tokens()) as f64 * (1.0 + MAX_PADDING);
+            if total > limits.max_rows || total * len > limits.max_batch_tokens || !within_padding {
+                continue;
+            }
             let grown = ForwardShape {
                 rows: total,
                 padded_len: len,
             };
             let current = ForwardShape { rows, padded_len };
-            if total > limits.max_rows || total * len > limits.max_batch_tokens || !within_padding {
-                continue;
-            }
             let ((with, measured), (without, _), (alone, _)) = (cost(grown), cost(current), cost(own));
             // Shared by the workers that serve this queue: each waits behind a share of it.
             let behind = (self.queue.len() - pos - 1) as f64 / self.ready.len().max(1) as f64;
@@ -331,9 +331,9 @@ impl State {
 
     /// For an idle worker of another pool (`from` this one's name; it serves `checkpoints` within
     /// `limits`, `service` estimates a forward there and `measured` says whether that estimate was
-    /// measured): the first queued job it can hold that no
-    /// worker here would start at once and that it would finish strictly earlier than this pool,
-    /// plus later jobs that can share its forward there. Taken out of this queue.
+    /// measured): the first queued job it can hold that no worker here would start at once and that
+    /// it would finish strictly earlier than this pool, plus later jobs that can share its forward
+    /// there. Taken out of this queue.
     pub fn take_for_peer(
         &mut self,
         from: &str,
