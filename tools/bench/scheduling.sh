@@ -21,10 +21,11 @@
 #
 # Results: $OUT/*.json, $OUT/runs.log (commit, time, load average per run), $OUT/compare.md and
 # compare.json, $PLOT; for added-device also $OUT/replay.md and replay.json (`layad-load replay`: the
-# same arrivals on idealised servers, what the policy itself allows on this hardware). Knobs (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long
-# enough for about 600 short requests per run), CAPACITY_SECONDS, CLIENTS, LOAD_FRACTION, RATE (skip
-# the capacity run), PORT, CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS,
-# SKIP_BUILD=1, SKIP_RUNS=1 (only compare), BIN, OUT, PLOT.
+# same arrivals on idealised servers, what the policy itself allows on this hardware). Knobs
+# (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long enough for about 600 short
+# requests per run), CAPACITY_SECONDS, CLIENTS, LOAD_FRACTION, RATE (skip the capacity run), PORT,
+# CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS, SKIP_BUILD=1, SKIP_RUNS=1
+# (only compare), BIN, OUT, PLOT.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."

@@ -487,7 +487,7 @@ fn an_untried_batch_size_is_tried_once_then_its_measured_time_decides() {
     // measured at twice one row, jobs run apart.
     let mut state = state(1.0, 1);
     let row: &[usize] = &[64];
-    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); 20]);
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 20]);
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
         .expect("a batch");

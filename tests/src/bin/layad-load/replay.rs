@@ -9,7 +9,7 @@
 //! writes JSON.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use layad_system_tests::percentile;
 use serde_json::{Value, json};
@@ -116,7 +116,7 @@ pub(crate) fn replay(arrivals: &[Arrival], servers: &[Server], order: Order) -> 
 }
 
 /// The arrivals of one result file and each class's median device time of a forward it ran alone.
-fn read(path: &PathBuf) -> Result<(u64, Vec<Arrival>, BTreeMap<String, f64>), String> {
+fn read(path: &Path) -> Result<(u64, Vec<Arrival>, BTreeMap<String, f64>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let records = v["records"]
