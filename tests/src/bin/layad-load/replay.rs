@@ -115,8 +115,17 @@ pub(crate) fn replay(arrivals: &[Arrival], servers: &[Server], order: Order) -> 
     Ok(latency)
 }
 
+/// One result file as the replay needs it.
+struct Recorded {
+    seed: u64,
+    /// Every request, by arrival.
+    arrivals: Vec<Arrival>,
+    /// Each class's median device time of a forward it ran alone, ms.
+    service: BTreeMap<String, f64>,
+}
+
 /// The arrivals of one result file and each class's median device time of a forward it ran alone.
-fn read(path: &Path) -> Result<(u64, Vec<Arrival>, BTreeMap<String, f64>), String> {
+fn read(path: &Path) -> Result<Recorded, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let records = v["records"]
@@ -158,7 +167,11 @@ fn read(path: &Path) -> Result<(u64, Vec<Arrival>, BTreeMap<String, f64>), Strin
         });
     }
     arrivals.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
-    Ok((v["seed"].as_u64().unwrap_or(0), arrivals, service))
+    Ok(Recorded {
+        seed: v["seed"].as_u64().unwrap_or(0),
+        arrivals,
+        service,
+    })
 }
 
 /// P50 and P99 of `class` among `latencies`.
@@ -191,7 +204,11 @@ pub(crate) fn replay_command(args: ReplayArgs) -> Result<(), String> {
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut out = Vec::new();
     for path in &args.results {
-        let (seed, arrivals, service) = read(path)?;
+        let Recorded {
+            seed,
+            arrivals,
+            service,
+        } = read(path)?;
         let mut results = Vec::new();
         for (name, added, order) in configurations {
             let mut servers = vec![Server { takes: None }];
