@@ -15,3 +15,4 @@ pub mod question;
 pub mod request;
 pub mod routing;
 pub mod tokenizer;
+pub mod upstream;
