@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use crate::config::Temperatures;
 use crate::python_text::{float_value, round4};
 use crate::question::{AnswerKeys, Question};
+use crate::upstream::Upstream;
 
 /// numpy's pairwise summation of a contiguous array (`np.add.reduce`): sequential below eight
 /// elements, eight interleaved accumulators up to 128, halves above.
@@ -57,15 +58,80 @@ pub fn calibrated_probabilities(logits: &[f32], temperature: f64) -> Vec<f32> {
 }
 
 /// Normalised-entropy `confidence`: `1 - H(p)/ln(k)`, 1.0 below two options, clipped to [0, 1].
-fn entropy_confidence(p: &[f32]) -> f64 {
+/// The entropy is a float32 numpy sum in both releases; 0.3.20 finishes in float32, 0.4.15 in
+/// float64 (`ent = -float(...)`), which moves about 0.02% of values by 1e-4.
+fn entropy_confidence(p: &[f32], upstream: Upstream) -> f64 {
     let k = p.len();
     if k < 2 {
         return 1.0;
     }
     let terms: Vec<f32> = p.iter().map(|&x| x * x.clamp(1e-12, 1.0).ln()).collect();
     let entropy = -numpy_sum(&terms);
-    let c = 1.0f32 - entropy / (k as f64).ln() as f32;
-    f64::from(c.clamp(0.0, 1.0))
+    match upstream {
+        Upstream::V0_3_20 => {
+            let c = 1.0f32 - entropy / (k as f64).ln() as f32;
+            f64::from(c.clamp(0.0, 1.0))
+        }
+        Upstream::V0_4_15 => (1.0 - f64::from(entropy) / (k as f64).ln()).clamp(0.0, 1.0),
+    }
+}
+
+/// Upstream's `unpermute_probs`: the model answers in slot order (slot `s` showed option
+/// `order[s]`); everything after indexes by option.
+fn unpermute(p: Vec<f32>, order: Option<&[usize]>) -> Vec<f32> {
+    match order {
+        Some(order) if order.len() == p.len() => {
+            let mut by_option = vec![0.0; p.len()];
+            for (slot, &option) in order.iter().enumerate() {
+                by_option[option] = p[slot];
+            }
+            by_option
+        }
+        _ => p,
+    }
+}
+
+/// TypeSafe's Jev `confidence` of an answer (0.4.15's `x_jev_confidence`, spec §5.5), computed
+/// from the answer's rounded `probabilities` exactly as upstream reads them back; `None` for noul
+/// answers and for probabilities that are not usable numbers.
+pub fn jev_confidence(answer: &Map<String, Value>) -> Option<f64> {
+    let kind = answer.get("type")?.as_str()?;
+    let probabilities = answer.get("probabilities")?.as_object().filter(|p| !p.is_empty())?;
+    if kind != "choice" && kind != "score" {
+        return None;
+    }
+    // Score keys are "0".."n-1" in order already; upstream sorts them by int, which is the same.
+    let p: Vec<f64> = probabilities.values().map(Value::as_f64).collect::<Option<_>>()?;
+    if !p.iter().all(|v| v.is_finite() && *v >= 0.0) {
+        return None;
+    }
+    let n = p.len();
+    if n == 1 {
+        return Some(1.0);
+    }
+    let total: f64 = p.iter().sum();
+    let p: Vec<f64> = if total != 0.0 {
+        p.iter().map(|v| v / total).collect()
+    } else {
+        vec![1.0 / n as f64; n]
+    };
+    let nf = n as f64;
+    if kind == "choice" {
+        let max = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        return Some((max - 1.0 / nf) / (1.0 - 1.0 / nf));
+    }
+    let mode = p
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, v)| if *v > p[best] { i } else { best });
+    let spread: f64 = p
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (i as f64 - mode as f64).abs())
+        .sum();
+    let center = (nf - 1.0) / 2.0;
+    let uniform_spread = (0..n).map(|i| (i as f64 - center).abs()).sum::<f64>() / nf;
+    Some((1.0 - spread / uniform_spread).max(0.0))
 }
 
 /// The first index holding the maximum (numpy's `argmax`): the option upstream answers with.
@@ -81,9 +147,16 @@ pub fn first_argmax(p: &[f32]) -> usize {
 
 /// One question's answer object, in upstream's key order. `logits` holds the row's real options
 /// only; `act_probability` is component 0 of the act head's softmax.
-pub fn answer(question: &Question, logits: &[f32], act_probability: f32, temperatures: &Temperatures) -> Value {
+pub fn answer(
+    question: &Question,
+    logits: &[f32],
+    act_probability: f32,
+    temperatures: &Temperatures,
+    upstream: Upstream,
+) -> Value {
     let k = logits.len();
     let p = calibrated_probabilities(logits, temperatures.for_question(question.qtype, k));
+    let p = unpermute(p, question.option_order.as_deref());
     let top = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let answer_confidence = float_value(round4(f64::from(top.clamp(0.0, 1.0))));
     let action = Value::Object(Map::from_iter([(
@@ -95,18 +168,21 @@ pub fn answer(question: &Question, logits: &[f32], act_probability: f32, tempera
     out.insert("type".to_owned(), Value::from(question.qtype.as_str()));
     match &question.keys {
         AnswerKeys::Choice(labels) => {
-            out.insert("choice".to_owned(), Value::from(labels[first_argmax(&p)].clone()));
+            out.insert("choice".to_owned(), labels[first_argmax(&p)].value.clone());
             out.insert(
                 "probabilities".to_owned(),
                 Value::Object(
                     labels
                         .iter()
                         .zip(&p)
-                        .map(|(l, x)| (l.clone(), probability(*x)))
+                        .map(|(l, x)| (l.key.clone(), probability(*x)))
                         .collect(),
                 ),
             );
-            out.insert("confidence".to_owned(), float_value(round4(entropy_confidence(&p))));
+            out.insert(
+                "confidence".to_owned(),
+                float_value(round4(entropy_confidence(&p, upstream))),
+            );
         }
         AnswerKeys::Score(levels) => {
             let weighted: Vec<f64> = p.iter().enumerate().map(|(i, x)| i as f64 * f64::from(*x)).collect();
@@ -130,7 +206,10 @@ pub fn answer(question: &Question, logits: &[f32], act_probability: f32, tempera
                         .collect(),
                 ),
             );
-            out.insert("confidence".to_owned(), float_value(round4(entropy_confidence(&p))));
+            out.insert(
+                "confidence".to_owned(),
+                float_value(round4(entropy_confidence(&p, upstream))),
+            );
         }
         AnswerKeys::Noul => {
             let p_true = f64::from(p[1]);
@@ -163,8 +242,10 @@ mod tests {
     fn softmax_and_confidence() {
         let p = calibrated_probabilities(&[2.0, 0.0], 1.0);
         assert!((p[0] - 0.880_797).abs() < 1e-6);
-        assert_eq!(entropy_confidence(&[1.0]), 1.0);
-        assert_eq!(entropy_confidence(&[0.5, 0.5]), 0.0);
+        for upstream in Upstream::ALL {
+            assert_eq!(entropy_confidence(&[1.0], upstream), 1.0);
+            assert_eq!(entropy_confidence(&[0.5, 0.5], upstream), 0.0);
+        }
         assert_eq!(first_argmax(&[0.2, 0.4, 0.4]), 1);
     }
 }

@@ -5,19 +5,26 @@
 
 use serde_json::{Map, Value};
 
-use crate::answer::answer;
+use crate::answer::{answer, jev_confidence};
 use crate::checkpoint::Checkpoint;
-use crate::prompt::{PromptError, Row, RowLimits, build_rows, input_tokens};
-use crate::question::{Question, parse_questions};
-use crate::request::{DecisionRequest, RequestError};
+use crate::config::temperature_bucket;
+use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tokens};
+use crate::python_text::{float_value, round4};
+use crate::question::{Question, QuestionType, parse_questions};
+use crate::request::{DecisionRequest, MinConfidence, RequestError, RequestLimits};
 use crate::routing::{CheckpointName, RoutingDecision, resolve_model_field, route};
+use crate::upstream::Upstream;
 
 /// Host settings that change decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecisionOptions {
+    /// Whose contract to answer with.
+    pub upstream: Upstream,
     /// Upstream's `LAYA_AUTO_TASK`: send requests whose question ids match a typed-decisions
     /// workflow to the typed-decisions checkpoint.
     pub auto_task: bool,
+    /// The limits requests are checked against (0.4.x: the token budget, choice options).
+    pub limits: RequestLimits,
 }
 
 /// A request that is ready for the model: where it goes and what rows to run.
@@ -29,6 +36,12 @@ pub struct PreparedDecision {
     pub questions: Vec<Question>,
     /// One row per question, same order. Empty when the request has no questions.
     pub rows: Vec<Row>,
+    /// What building each row did (same order), for 0.4.x's `usage`.
+    pub stats: Vec<RowStats>,
+    /// The abstention threshold the request asked for (0.4.x).
+    pub min_confidence: Option<MinConfidence>,
+    /// Whose contract the answer follows.
+    pub upstream: Upstream,
 }
 
 impl PreparedDecision {
@@ -66,30 +79,40 @@ pub fn prepare<'a>(
             ),
         )
     })?;
-    if request.questions.is_empty() {
-        return Ok(PreparedDecision {
-            routing,
-            questions: Vec::new(),
-            rows: Vec::new(),
-        });
-    }
-    let questions = parse_questions(&request.questions).map_err(|e| RequestError::new(422, e.0))?;
-    let limits = RowLimits {
-        max_len: checkpoint.agent.max_len,
-        head_max_len: checkpoint.agent.head_max_len,
+    let upstream = options.upstream;
+    let mut prepared = PreparedDecision {
+        routing,
+        questions: Vec::new(),
+        rows: Vec::new(),
+        stats: Vec::new(),
+        min_confidence: request.controls.min_confidence.clone(),
+        upstream,
     };
-    let rows = build_rows(&checkpoint.tokenizer, limits, request.state.as_ref(), &questions).map_err(|e| match e {
+    if request.questions.is_empty() {
+        return Ok(prepared);
+    }
+    prepared.questions = parse_questions(&request.questions, upstream).map_err(|e| RequestError::new(422, e.0))?;
+    let limits = RowLimits {
+        max_len: request.controls.max_len.unwrap_or(checkpoint.agent.max_len),
+        head_max_len: request.controls.head_max_len.unwrap_or(checkpoint.agent.head_max_len),
+    };
+    let built = build_rows(
+        &checkpoint.tokenizer,
+        limits,
+        request.state.as_ref(),
+        &prepared.questions,
+        upstream,
+    )
+    .map_err(|e| match e {
         PromptError::OptionsDoNotFit { .. } => RequestError::new(422, e.to_string()),
         PromptError::Tokenizer(_) => {
             tracing::error!(error = %e, "tokenizer failed");
             RequestError::inference_failed()
         }
     })?;
-    Ok(PreparedDecision {
-        routing,
-        questions,
-        rows,
-    })
+    prepared.rows = built.rows;
+    prepared.stats = built.stats;
+    Ok(prepared)
 }
 
 /// The response object for a prepared request and the model's outputs (one per row, same order),
@@ -113,23 +136,99 @@ pub fn respond(
             tracing::error!(question = %question.id, markers = row.markers.len(), logits = output.logits.len(), "logit count does not match the row");
             return Err(RequestError::inference_failed());
         }
-        answers.insert(
-            question.id.clone(),
-            answer(
-                question,
-                &output.logits,
-                output.act_probability,
-                &checkpoint.agent.temperatures,
-            ),
+        let mut answer = answer(
+            question,
+            &output.logits,
+            output.act_probability,
+            &checkpoint.agent.temperatures,
+            prepared.upstream,
         );
+        if let Value::Object(fields) = &mut answer {
+            if let Some(threshold) = &prepared.min_confidence {
+                gate(fields, threshold);
+            }
+            if prepared.upstream.is_0_4()
+                && let Some(jev) = jev_confidence(fields)
+            {
+                fields.insert("x_jev_confidence".to_owned(), float_value(round4(jev)));
+            }
+        }
+        answers.insert(question.id.clone(), answer);
     }
-    let mut usage = Map::new();
-    usage.insert("input_tokens".to_owned(), Value::from(input_tokens(&prepared.rows)));
-    usage.insert("output_tokens".to_owned(), Value::from(0));
     let mut body = Map::new();
     body.insert("model".to_owned(), Value::from("laya-rl-agent"));
     body.insert("answers".to_owned(), Value::Object(answers));
-    body.insert("usage".to_owned(), Value::Object(usage));
+    body.insert("usage".to_owned(), Value::Object(usage(prepared)));
     body.insert("routing".to_owned(), prepared.routing.to_json());
     Ok(Value::Object(body))
+}
+
+/// The `usage` object: 0.3.20's two counts; 0.4.x adds what the rows kept of the state and, when
+/// the head budget made options indistinguishable, which questions that happened to.
+fn usage(prepared: &PreparedDecision) -> Map<String, Value> {
+    let mut usage = Map::new();
+    usage.insert("input_tokens".to_owned(), Value::from(input_tokens(&prepared.rows)));
+    usage.insert("output_tokens".to_owned(), Value::from(0));
+    if !prepared.upstream.is_0_4() || prepared.stats.is_empty() {
+        return usage;
+    }
+    let dropped = prepared.stats.iter().map(|s| s.state_tokens_dropped).max().unwrap_or(0);
+    usage.insert("state_tokens".to_owned(), Value::from(prepared.stats[0].state_tokens));
+    usage.insert("state_tokens_dropped".to_owned(), Value::from(dropped));
+    usage.insert("truncated".to_owned(), Value::from(dropped > 0));
+    let truncated: Vec<Value> = prepared
+        .questions
+        .iter()
+        .zip(&prepared.stats)
+        .filter(|(_, s)| s.state_tokens_dropped > 0)
+        .map(|(q, _)| Value::from(q.id.clone()))
+        .collect();
+    usage.insert("truncated_questions".to_owned(), Value::Array(truncated));
+    let collapsed: Map<String, Value> = prepared
+        .questions
+        .iter()
+        .zip(&prepared.stats)
+        .filter(|(_, s)| s.options_distinct < s.options)
+        .map(|(q, s)| {
+            let entry = Map::from_iter([
+                ("total".to_owned(), Value::from(s.options)),
+                ("distinct".to_owned(), Value::from(s.options_distinct)),
+                (
+                    "tokens_per_option".to_owned(),
+                    s.tokens_per_option.map_or(Value::Null, Value::from),
+                ),
+            ]);
+            (q.id.clone(), Value::Object(entry))
+        })
+        .collect();
+    if !collapsed.is_empty() {
+        usage.insert("options".to_owned(), Value::Object(collapsed));
+    }
+    usage
+}
+
+/// 0.4.x's abstention gate on one answer (`apply_confidence_gate`): `low_confidence` when its
+/// `answer_confidence` is below the threshold of its bucket, then `abstention` and the threshold.
+fn gate(answer: &mut Map<String, Value>, threshold: &MinConfidence) {
+    let qtype = match answer.get("type").and_then(Value::as_str) {
+        Some("choice") => QuestionType::Choice,
+        Some("score") => QuestionType::Score,
+        _ => QuestionType::Noul,
+    };
+    let k = answer
+        .get("probabilities")
+        .and_then(Value::as_object)
+        .map_or(2, Map::len);
+    let threshold = threshold.threshold(&temperature_bucket(qtype, k));
+    let confidence = answer.get("answer_confidence").and_then(Value::as_f64);
+    let state = match confidence {
+        None => "unevaluated",
+        Some(c) if c < threshold => {
+            answer.insert("low_confidence".to_owned(), Value::Bool(true));
+            "abstained"
+        }
+        Some(_) => "passed",
+    };
+    answer.insert("abstention".to_owned(), Value::from(state));
+    answer.insert("abstention_threshold".to_owned(), float_value(threshold));
 }

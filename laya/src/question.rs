@@ -5,7 +5,10 @@
 
 use serde_json::{Map, Value};
 
-use crate::python_text::{Separators, py_json, py_lower, py_repr, py_repr_str, py_strip, py_type_name};
+use crate::python_text::{
+    Separators, number_as_f64, number_is_int, py_json, py_lower, py_repr, py_repr_str, py_strip, py_type_name,
+};
+use crate::upstream::Upstream;
 
 /// The three question types, with upstream's `qtype` index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,11 +45,41 @@ impl QuestionType {
 #[derive(Clone, Debug, PartialEq)]
 pub enum AnswerKeys {
     /// Choice labels in criteria order (duplicates of the list form collapsed).
-    Choice(Vec<String>),
-    /// Score levels exactly as sent; 0.3.20 echoes them raw as the `legend`.
+    Choice(Vec<ChoiceLabel>),
+    /// The `legend` of a score answer: the levels exactly as sent (0.3.20 echoes them raw), or as
+    /// the option text renders them (0.4.15, always strings).
     Score(Vec<Value>),
     /// Noul answers are always P(true).
     Noul,
+}
+
+/// One choice label: what the answer's `choice` holds and what keys its `probabilities`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceLabel {
+    /// The label as sent: a string, or (0.4.15, list form) a number or bool, which upstream
+    /// answers with as that JSON value.
+    pub value: Value,
+    /// The `probabilities` key: the string, or the JSON text Python writes for a non-string key
+    /// (`1`, `1.5`, `true`).
+    pub key: String,
+}
+
+impl ChoiceLabel {
+    fn new(value: Value) -> Self {
+        let key = match &value {
+            Value::String(s) => s.clone(),
+            other => py_json(other, Separators::Compact),
+        };
+        Self { value, key }
+    }
+
+    /// Python's `str(label)`: how the label reads in its option text.
+    fn text(&self) -> String {
+        match &self.value {
+            Value::String(s) => s.clone(),
+            other => py_repr(other),
+        }
+    }
 }
 
 /// One validated question in internal form.
@@ -62,6 +95,8 @@ pub struct Question {
     pub options: Vec<String>,
     /// What the answer is keyed by.
     pub keys: AnswerKeys,
+    /// 0.4.15's `option_order`: slot `s` shows option `option_order[s]`; `None` is the identity.
+    pub option_order: Option<Vec<usize>>,
 }
 
 /// A question upstream rejects with 422, with its message.
@@ -69,8 +104,13 @@ pub struct Question {
 #[error("{0}")]
 pub struct QuestionError(pub String);
 
-fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
+fn check(qid: &str, def: &Value, upstream: Upstream) -> Result<(), QuestionError> {
     let q = py_repr_str(qid);
+    if upstream.is_0_4() && py_strip(qid).is_empty() {
+        return Err(QuestionError(format!(
+            "question id must be a non-empty string, got {q}"
+        )));
+    }
     let fail = |text: String| Err(QuestionError(format!("question {q}: {text}")));
     let Some(def) = def.as_object() else {
         return fail(format!("definition must be a dict, got {}", py_type_name(def)));
@@ -79,8 +119,22 @@ fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
         let shown = def.get("type").map_or_else(|| "None".to_owned(), py_repr);
         return fail(format!("unknown type {shown}; use one of ['choice', 'noul', 'score']"));
     };
-    if !def.contains_key("instructions") {
+    let Some(instructions) = def.get("instructions") else {
         return fail("no 'instructions'; add the text the model should answer".to_owned());
+    };
+    if upstream.is_0_4() {
+        let empty = match instructions {
+            Value::Null => {
+                return fail("'instructions' must not be None; add the text the model should answer".to_owned());
+            }
+            Value::String(s) => py_strip(s).is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(m) => m.is_empty(),
+            Value::Bool(_) | Value::Number(_) => false,
+        };
+        if empty {
+            return fail("'instructions' must not be empty; add the text the model should answer".to_owned());
+        }
     }
     let criteria = def.get("criteria").filter(|c| !c.is_null());
     match qtype {
@@ -91,17 +145,22 @@ fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
             Some(Value::Array(a)) if a.is_empty() => {
                 return fail("a choice question needs at least one criterion".to_owned());
             }
-            Some(Value::Array(labels)) => {
-                // Upstream turns non-string list labels into a 500 `inference failed` (a TypeError
-                // while rendering); a client mistake deserves a 422 that says what to fix.
-                if let Some((i, label)) = labels.iter().enumerate().find(|(_, l)| !l.is_string()) {
-                    return fail(format!(
-                        "choice label {i} is a {}; list-form labels are the answer keys and must be strings, got {}",
-                        py_type_name(label),
-                        py_repr(label)
-                    ));
+            Some(Value::Array(labels)) => match upstream {
+                Upstream::V0_3_20 => {
+                    // 0.3.20 turns non-string list labels into a 500 `inference failed` (a TypeError
+                    // while rendering); a client mistake deserves a 422 that says what to fix.
+                    if let Some((i, label)) = labels.iter().enumerate().find(|(_, l)| !l.is_string()) {
+                        return fail(format!(
+                            "choice label {i} is a {}; list-form labels are the answer keys and must be strings, got {}",
+                            py_type_name(label),
+                            py_repr(label)
+                        ));
+                    }
                 }
-            }
+                Upstream::V0_4_15 => {
+                    check_list_labels(labels).map_err(|text| QuestionError(format!("question {q}: {text}")))?
+                }
+            },
             Some(Value::Object(_)) => {}
             _ => {
                 return fail(
@@ -144,6 +203,16 @@ fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
             }
         }
     }
+    if upstream.is_0_4()
+        && let Some(order) = def.get("option_order")
+        && option_order(order, option_count(qtype, criteria)).is_none()
+    {
+        return fail(format!(
+            "'option_order' must be a permutation of range({}) -- one slot per option, each option once -- got {}",
+            option_count(qtype, criteria),
+            py_repr(order)
+        ));
+    }
     if let Some(labels) = def.get("labels") {
         if qtype != QuestionType::Noul {
             return fail("'labels' is only supported for noul questions".to_owned());
@@ -154,6 +223,86 @@ fn check(qid: &str, def: &Value) -> Result<(), QuestionError> {
         }
     }
     Ok(())
+}
+
+/// 0.4.15's rules for list-form choice labels: scalars only, no null, no label Python would
+/// treat as the same dict key as an earlier one (`1`, `1.0` and `true` are one key).
+fn check_list_labels(labels: &[Value]) -> Result<(), String> {
+    for (i, label) in labels.iter().enumerate() {
+        match label {
+            Value::Array(_) | Value::Object(_) => {
+                return Err(format!(
+                    "choice label {i} is a {}; a label is rendered as option text and used as the answer key, \
+                     so it must be a scalar (a string, number or bool), got {}",
+                    py_type_name(label),
+                    py_repr(label)
+                ));
+            }
+            Value::Null => {
+                return Err(format!(
+                    "choice label {i} is null; a label is rendered as option text and used as the answer key, \
+                     so it must be a string, number or bool -- a null label renders as the text \"None\" while \
+                     its answer key is \"null\""
+                ));
+            }
+            _ => {}
+        }
+        if let Some(first) = labels[..i].iter().position(|earlier| same_dict_key(earlier, label)) {
+            return Err(format!(
+                "choice label {i} ({}) repeats label {first}; the labels are the answer keys, so every option \
+                 needs its own (1, 1.0 and True are one key)",
+                py_repr(label)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether Python would read two scalar labels as one dict key (`==` on str, int, float, bool).
+fn same_dict_key(a: &Value, b: &Value) -> bool {
+    let numeric = |v: &Value| match v {
+        Value::Bool(b) => Some(f64::from(u8::from(*b))),
+        Value::Number(n) => Some(number_as_f64(n)),
+        _ => None,
+    };
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => x == y,
+        // Two integer literals compare exactly, whatever their size.
+        (Value::Number(x), Value::Number(y)) if number_is_int(x) && number_is_int(y) => {
+            let (x, y) = (x.to_string(), y.to_string());
+            match (x.parse::<i128>(), y.parse::<i128>()) {
+                (Ok(x), Ok(y)) => x == y,
+                _ => x == y,
+            }
+        }
+        _ => matches!((numeric(a), numeric(b)), (Some(x), Some(y)) if x == y),
+    }
+}
+
+/// How many options a question renders to (upstream's `_option_count`): two for noul.
+fn option_count(qtype: QuestionType, criteria: Option<&Value>) -> usize {
+    match (qtype, criteria) {
+        (QuestionType::Noul, _) => 2,
+        (_, Some(Value::Array(a))) => a.len(),
+        (_, Some(Value::Object(m))) => m.len(),
+        _ => 0,
+    }
+}
+
+/// A valid `option_order`: a list of `n` integers (not bools) that is a permutation of `0..n`.
+fn option_order(value: &Value, n: usize) -> Option<Vec<usize>> {
+    let items = value.as_array().filter(|a| a.len() == n)?;
+    let order: Vec<usize> = items
+        .iter()
+        .map(|v| {
+            v.as_number()
+                .filter(|n| number_is_int(n))
+                .and_then(|n| n.to_string().parse().ok())
+        })
+        .collect::<Option<_>>()?;
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    sorted.iter().enumerate().all(|(i, v)| i == *v).then_some(order)
 }
 
 /// Upstream's `_resolve_noul_labels`: the stripped (false, true) label pair, or `None` if invalid.
@@ -180,7 +329,7 @@ fn is_blank(value: Option<&Value>) -> bool {
     matches!(value, None | Some(Value::Null)) || value.and_then(Value::as_str) == Some("")
 }
 
-fn to_internal(id: &str, def: &Map<String, Value>) -> Question {
+fn to_internal(id: &str, def: &Map<String, Value>, upstream: Upstream) -> Question {
     // `check` has run, so the shapes below are the validated ones.
     let qtype = QuestionType::parse(def.get("type")).unwrap_or(QuestionType::Noul);
     let instructions = match def.get("instructions") {
@@ -201,17 +350,22 @@ fn to_internal(id: &str, def: &Map<String, Value>) -> Question {
                     }
                 })
                 .collect();
-            (options, AnswerKeys::Choice(m.keys().cloned().collect()))
+            let labels = m.keys().map(|k| ChoiceLabel::new(Value::String(k.clone()))).collect();
+            (options, AnswerKeys::Choice(labels))
         }
         (QuestionType::Choice, Some(Value::Array(items))) => {
-            // `{label: None for label in criteria}`: duplicates collapse onto their first position.
-            let mut labels: Vec<String> = Vec::with_capacity(items.len());
-            for label in items.iter().filter_map(Value::as_str) {
-                if !labels.iter().any(|l| l == label) {
-                    labels.push(label.to_owned());
+            // `{label: None for label in criteria}`: duplicates collapse onto their first position
+            // (only strings reach here under 0.3.20; 0.4.15 refused repeats and non-scalars).
+            let mut labels: Vec<ChoiceLabel> = Vec::with_capacity(items.len());
+            for label in items {
+                if !labels.iter().any(|l| same_dict_key(&l.value, label)) {
+                    labels.push(ChoiceLabel::new(label.clone()));
                 }
             }
-            (labels.clone(), AnswerKeys::Choice(labels))
+            (
+                labels.iter().map(ChoiceLabel::text).collect(),
+                AnswerKeys::Choice(labels),
+            )
         }
         (QuestionType::Score, Some(Value::Array(levels))) => {
             let options = levels
@@ -219,7 +373,11 @@ fn to_internal(id: &str, def: &Map<String, Value>) -> Question {
                 .enumerate()
                 .map(|(i, c)| format!("level {i}: {}", render_criterion(c)))
                 .collect();
-            (options, AnswerKeys::Score(levels.clone()))
+            let legend = match upstream {
+                Upstream::V0_3_20 => levels.clone(),
+                Upstream::V0_4_15 => levels.iter().map(|c| Value::String(render_criterion(c))).collect(),
+            };
+            (options, AnswerKeys::Score(legend))
         }
         _ => {
             let mut described: [Option<&Value>; 2] = [None, None];
@@ -252,23 +410,28 @@ fn to_internal(id: &str, def: &Map<String, Value>) -> Question {
             (options, AnswerKeys::Noul)
         }
     };
+    let option_order = match upstream {
+        Upstream::V0_3_20 => None,
+        Upstream::V0_4_15 => def.get("option_order").and_then(|o| option_order(o, options.len())),
+    };
     Question {
         id: id.to_owned(),
         qtype,
         instructions,
         options,
         keys,
+        option_order,
     }
 }
 
 /// Validates every question in request order (the first failure wins), then renders them all.
-pub fn parse_questions(questions: &Map<String, Value>) -> Result<Vec<Question>, QuestionError> {
+pub fn parse_questions(questions: &Map<String, Value>, upstream: Upstream) -> Result<Vec<Question>, QuestionError> {
     for (id, def) in questions {
-        check(id, def)?;
+        check(id, def, upstream)?;
     }
     Ok(questions
         .iter()
-        .filter_map(|(id, def)| def.as_object().map(|def| to_internal(id, def)))
+        .filter_map(|(id, def)| def.as_object().map(|def| to_internal(id, def, upstream)))
         .collect())
 }
 
@@ -278,7 +441,7 @@ mod tests {
     use serde_json::json;
 
     fn parse(v: Value) -> Result<Vec<Question>, QuestionError> {
-        parse_questions(v.as_object().expect("object"))
+        parse_questions(v.as_object().expect("object"), Upstream::V0_3_20)
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //!
 //! Auth and the streamed 2 MiB cap belong to the HTTP layer; everything after the body is read is here.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
-use crate::python_text::{py_len, py_repr};
+use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
+use crate::upstream::Upstream;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -49,12 +52,94 @@ impl RequestError {
 /// A decision request whose shape and sizes passed upstream's checks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecisionRequest {
-    /// The state (`None` when absent; 0.3.20 accepts that and renders it as `null`).
+    /// The state (`None` when absent; 0.3.20 accepts that and renders it as `null`, 0.4.15 refuses
+    /// it with 400).
     pub state: Option<Value>,
     /// The questions, in request order, not yet validated one by one.
     pub questions: Map<String, Value>,
     /// The raw `model` field, if sent.
     pub model: Option<Value>,
+    /// The per-request controls of 0.4.x (all `None` under 0.3.20, which ignores them).
+    pub controls: Controls,
+}
+
+/// What a 0.4.x request may set beside its state and questions (spec §1.8 step 9). Each is
+/// `None` when the client did not send it (or sent `null`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Controls {
+    /// `max_len`: the row length for this request instead of the checkpoint's.
+    pub max_len: Option<usize>,
+    /// `head_max_len`: the question head's budget for this request instead of the checkpoint's.
+    pub head_max_len: Option<usize>,
+    /// `task`: a checkpoint by task name (validated by routing, as upstream's router does).
+    pub task: Option<Value>,
+    /// `lang`: the caller's language code.
+    pub lang: Option<String>,
+    /// `lang_guess`: a language-identification hint, weaker than `lang`.
+    pub lang_guess: Option<String>,
+    /// `min_confidence`: the abstention threshold.
+    pub min_confidence: Option<MinConfidence>,
+}
+
+/// A validated `min_confidence` (upstream's `check_min_confidence`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MinConfidence {
+    /// One threshold for every answer.
+    All(f64),
+    /// A threshold per option-count bucket (`"choice:3-5"`, …), with an optional `"default"`, in
+    /// the order sent.
+    ByBucket(Vec<(String, f64)>),
+}
+
+impl MinConfidence {
+    /// The threshold an answer of this bucket is gated at (`resolve_min_confidence`): its own
+    /// entry, else the map's `default`, else 0.0 (gate nothing).
+    pub fn threshold(&self, bucket: &str) -> f64 {
+        match self {
+            MinConfidence::All(t) => *t,
+            MinConfidence::ByBucket(map) => {
+                let find = |key: &str| map.iter().find(|(k, _)| k == key).map(|(_, t)| *t);
+                find(bucket).or_else(|| find("default")).unwrap_or(0.0)
+            }
+        }
+    }
+}
+
+/// Server-side limits a request is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Largest `max_len`/`head_max_len` a request may ask for (`LAYA_MAX_TOKEN_BUDGET`).
+    pub max_token_budget: usize,
+    /// Most options of one choice question (100; 255 with tournament mode).
+    pub max_choice_options: usize,
+}
+
+/// Upstream 0.4.15's default `LAYA_MAX_TOKEN_BUDGET`.
+pub const DEFAULT_MAX_TOKEN_BUDGET: usize = 8192;
+/// Most options of one choice question in 0.4.15 (`MAX_CHOICE_OPTIONS`).
+pub const MAX_CHOICE_OPTIONS: usize = 100;
+/// Most levels of one score question in 0.4.15 (`MAX_SCORE_LEVELS`).
+pub const MAX_SCORE_LEVELS: usize = 32;
+/// Most choice and score options of one request in 0.4.15 (`MAX_TOTAL_OPTIONS`).
+pub const MAX_TOTAL_OPTIONS: usize = 512;
+/// How many values 0.4.15's cheap state-length bound visits (`_STATE_PROBE_VALUES`).
+const STATE_PROBE_VALUES: usize = 64;
+/// Fields that name in-process hooks, refused by 0.4.15 (`BODY_REFUSALS`, sorted for the message).
+const BODY_REFUSALS: [&str; 5] = [
+    "hooks",
+    "hooks_raise",
+    "hooks_timeout",
+    "on_predict_end",
+    "on_predict_start",
+];
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_token_budget: DEFAULT_MAX_TOKEN_BUDGET,
+            max_choice_options: MAX_CHOICE_OPTIONS,
+        }
+    }
 }
 
 /// Python's `json.detect_encoding` + decode for a bytes body: UTF-8 (a BOM is skipped), UTF-16 and
@@ -104,14 +189,21 @@ fn decode_like_python(bytes: &[u8]) -> Option<String> {
     }
 }
 
-/// Parses a complete body and applies upstream's checks in upstream's order (spec §1.3 steps 4–6).
+/// Parses a complete body and applies the checks of `upstream`'s server in its order (spec §1.3
+/// steps 4–6 for 0.3.20; §1.8 steps 3–9 for 0.4.15, except the `model` field, which routing
+/// resolves).
 ///
 /// Known differences, all for input upstream itself cannot answer sensibly: `NaN`/`Infinity`
-/// literals, lone `\udXXX` escapes and nesting deeper than 128 levels are rejected as invalid JSON
-/// (400) where upstream would accept them or fail later with a 500.
-pub fn parse_body(bytes: &[u8]) -> Result<DecisionRequest, RequestError> {
+/// literals and nesting deeper than 128 levels are rejected as invalid JSON (400) where upstream
+/// would accept them or fail later; so are lone `\udXXX` escapes under 0.3.20 (0.4.15 refuses them
+/// itself, with its own 400, after the size checks).
+pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Result<DecisionRequest, RequestError> {
     let invalid_json = || RequestError::new(400, "request body must be valid JSON");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
+    let (text, lone_surrogate) = match upstream {
+        Upstream::V0_3_20 => (Cow::Borrowed(text.as_str()), false),
+        Upstream::V0_4_15 => mask_lone_surrogates(&text),
+    };
     let body: Value = serde_json::from_str(&text).map_err(|_| invalid_json())?;
     let Value::Object(mut body) = body else {
         return Err(RequestError::new(
@@ -125,6 +217,10 @@ pub fn parse_body(bytes: &[u8]) -> Result<DecisionRequest, RequestError> {
             "request body must be an object with a 'questions' field",
         ));
     };
+    let state = body.remove("state").filter(|s| !s.is_null());
+    if upstream.is_0_4() && state.is_none() {
+        return Err(RequestError::new(400, "'state' is required"));
+    }
     let Value::Object(questions) = questions else {
         return Err(RequestError::new(400, "'questions' must be an object"));
     };
@@ -134,11 +230,15 @@ pub fn parse_body(bytes: &[u8]) -> Result<DecisionRequest, RequestError> {
             format!("too many questions ({} > {MAX_QUESTIONS})", questions.len()),
         ));
     }
-    let state = body.remove("state").filter(|s| !s.is_null());
-    let state_chars = match &state {
-        Some(Value::String(s)) => py_len(s),
-        Some(other) => py_len(&py_repr(other)),
-        None => py_len("None"),
+    if upstream.is_0_4() {
+        check_option_counts(&questions, limits.max_choice_options)?;
+    }
+    let state_chars = match (&state, upstream) {
+        (Some(Value::String(s)), _) => py_len(s),
+        (Some(other), Upstream::V0_3_20) => py_len(&py_repr(other)),
+        (Some(other), Upstream::V0_4_15) => state_length_lower_bound_over(other, MAX_STATE_CHARS)
+            .unwrap_or_else(|| py_len(&py_json(other, Separators::Spaced))),
+        (None, _) => py_len("None"),
     };
     if state_chars > MAX_STATE_CHARS {
         return Err(RequestError::new(
@@ -146,11 +246,256 @@ pub fn parse_body(bytes: &[u8]) -> Result<DecisionRequest, RequestError> {
             format!("state too large ({state_chars} > {MAX_STATE_CHARS} chars)"),
         ));
     }
+    let controls = match upstream {
+        Upstream::V0_3_20 => Controls::default(),
+        Upstream::V0_4_15 => {
+            let refused: Vec<&str> = BODY_REFUSALS
+                .into_iter()
+                .filter(|key| body.get(*key).is_some_and(|v| !v.is_null()))
+                .collect();
+            if !refused.is_empty() {
+                return Err(RequestError::new(
+                    422,
+                    format!(
+                        "{} run inside the server process and cannot be sent to this endpoint; \
+                         install them where laya-serve runs, or drop them",
+                        refused.join(", ")
+                    ),
+                ));
+            }
+            if lone_surrogate {
+                return Err(RequestError::new(
+                    400,
+                    "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
+                ));
+            }
+            crate::routing::check_model_field(body.get("model")).map_err(|detail| RequestError::new(422, detail))?;
+            read_controls(&body, limits)?
+        }
+    };
     Ok(DecisionRequest {
         state,
         questions,
         model: body.remove("model"),
+        controls,
     })
+}
+
+/// 0.4.15's option limits, question by question in request order (only well-formed choice and
+/// score criteria count; validation later says what is wrong with the others).
+fn check_option_counts(questions: &Map<String, Value>, max_choice_options: usize) -> Result<(), RequestError> {
+    let mut total = 0;
+    for (qid, question) in questions {
+        let Some(question) = question.as_object() else {
+            continue;
+        };
+        let qtype = question.get("type").and_then(Value::as_str);
+        let count = match (qtype, question.get("criteria")) {
+            (Some("choice"), Some(Value::Object(m))) => m.len(),
+            (Some("choice"), Some(Value::Array(a))) => a.len(),
+            (Some("score"), Some(Value::Array(a))) => a.len(),
+            _ => continue,
+        };
+        total += count;
+        let q = py_repr_str(qid);
+        if qtype == Some("choice") && count > max_choice_options {
+            return Err(RequestError::new(
+                413,
+                format!("too many choice options for {q} ({count} > {max_choice_options})"),
+            ));
+        }
+        if let (Some("score"), Some(Value::Array(levels))) = (qtype, question.get("criteria")) {
+            if count > MAX_SCORE_LEVELS {
+                return Err(RequestError::new(
+                    413,
+                    format!("too many score levels for {q} ({count} > {MAX_SCORE_LEVELS})"),
+                ));
+            }
+            if let Some(i) = levels.iter().position(Value::is_null) {
+                return Err(RequestError::new(
+                    422,
+                    format!("score question {q} has a null level at index {i}; give every level a description"),
+                ));
+            }
+        }
+    }
+    if total > MAX_TOTAL_OPTIONS {
+        return Err(RequestError::new(
+            413,
+            format!("too many answer options across questions ({total} > {MAX_TOTAL_OPTIONS})"),
+        ));
+    }
+    Ok(())
+}
+
+/// 0.4.15's `_state_length_lower_bound_over`: the summed lengths of the strings among the first 64
+/// values a stack walk visits, once that already exceeds `cap`; `None` when it does not, or when
+/// the walk meets a number, bool or null first (then the exact serialized length decides).
+fn state_length_lower_bound_over(state: &Value, cap: usize) -> Option<usize> {
+    let mut total = 0;
+    let mut stack = vec![state];
+    let mut budget = STATE_PROBE_VALUES;
+    while budget > 0 {
+        let item = stack.pop()?;
+        budget -= 1;
+        match item {
+            Value::String(s) => {
+                total += py_len(s);
+                if total > cap {
+                    return Some(total);
+                }
+            }
+            Value::Object(map) => stack.extend(map.values()),
+            Value::Array(items) => stack.extend(items),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Replaces every `\uXXXX` escape of a surrogate that is not half of a high–low pair by the
+/// escape of U+FFFD, which serde_json accepts, and says whether there was one. 0.4.15 parses such
+/// bodies (Python's `json` keeps lone surrogates) and refuses them only after its size checks,
+/// which count a lone surrogate as one character, as U+FFFD is.
+fn mask_lone_surrogates(text: &str) -> (Cow<'_, str>, bool) {
+    let bytes = text.as_bytes();
+    let surrogate_at = |i: usize| -> Option<u16> {
+        let hex = bytes.get(i..i + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        let unit = u16::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&unit).then_some(unit)
+    };
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        match surrogate_at(i) {
+            Some(high @ 0xD800..=0xDBFF) if surrogate_at(i + 6).is_some_and(|low| low >= 0xDC00) => {
+                let _ = high;
+                i += 12;
+            }
+            Some(_) => {
+                let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
+                out.push_str(&text[copied..i]);
+                out.push_str("\\ufffd");
+                i += 6;
+                copied = i;
+            }
+            // Any other escape: skip the escaped character so `\\u` is never read as an escape.
+            None => i += 2,
+        }
+    }
+    match out {
+        Some(mut out) => {
+            out.push_str(&text[copied..]);
+            (Cow::Owned(out), true)
+        }
+        None => (Cow::Borrowed(text), false),
+    }
+}
+
+/// The 0.4.15 controls, in upstream's order, each with its 422 text.
+fn read_controls(body: &Map<String, Value>, limits: RequestLimits) -> Result<Controls, RequestError> {
+    let present = |key: &str| body.get(key).filter(|v| !v.is_null());
+    let budget = |key: &str| -> Result<Option<usize>, RequestError> {
+        let Some(value) = present(key) else {
+            return Ok(None);
+        };
+        let fail = |detail: String| Err(RequestError::new(422, detail));
+        let Value::Number(n) = value else {
+            return fail(format!("{key} must be an integer"));
+        };
+        if !number_is_int(n) {
+            return fail(format!("{key} must be an integer"));
+        }
+        let text = n.to_string();
+        if text.starts_with('-') || text.trim_start_matches('0').is_empty() {
+            return fail(format!("{key} must be a positive integer"));
+        }
+        match text.parse::<usize>() {
+            Ok(v) if v <= limits.max_token_budget => Ok(Some(v)),
+            _ => fail(format!(
+                "{key} exceeds server limit ({} > {})",
+                text.trim_start_matches('0'),
+                limits.max_token_budget
+            )),
+        }
+    };
+    let max_len = budget("max_len")?;
+    let head_max_len = budget("head_max_len")?;
+    let task = present("task").cloned();
+    let language = |key: &str| -> Result<Option<String>, RequestError> {
+        match present(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(RequestError::new(
+                422,
+                format!("{key} must be a language code string such as \"de\", or null"),
+            )),
+        }
+    };
+    let lang = language("lang")?;
+    let lang_guess = language("lang_guess")?;
+    let min_confidence = present("min_confidence").map(check_min_confidence).transpose()?;
+    Ok(Controls {
+        max_len,
+        head_max_len,
+        task,
+        lang,
+        lang_guess,
+        min_confidence,
+    })
+}
+
+/// Every bucket a `min_confidence` map may name, and `default`.
+fn is_bucket_key(key: &str) -> bool {
+    key == "default"
+        || key.split_once(':').is_some_and(|(qtype, size)| {
+            ["choice", "score", "noul"].contains(&qtype) && ["2", "3-5", "6-10", "11+"].contains(&size)
+        })
+}
+
+/// Upstream's `check_min_confidence`: a number in [0, 1] (not a bool), or a non-empty map of
+/// bucket → such a number.
+fn check_min_confidence(value: &Value) -> Result<MinConfidence, RequestError> {
+    let one = |v: &Value| -> Result<f64, RequestError> {
+        match v {
+            Value::Number(n) if (0.0..=1.0).contains(&number_as_f64(n)) => Ok(number_as_f64(n)),
+            _ => Err(RequestError::new(
+                422,
+                format!("min_confidence must be a float in [0.0, 1.0], got {}", py_repr(v)),
+            )),
+        }
+    };
+    let Value::Object(map) = value else {
+        return one(value).map(MinConfidence::All);
+    };
+    if map.is_empty() {
+        return Err(RequestError::new(
+            422,
+            "a min_confidence map must be a non-empty dict of bucket -> float, got {}",
+        ));
+    }
+    let mut out = Vec::with_capacity(map.len());
+    for (key, v) in map {
+        if !is_bucket_key(key) {
+            return Err(RequestError::new(
+                422,
+                format!(
+                    "min_confidence map keys must be a bucket like 'choice:3-5' or 'default', got {}",
+                    py_repr_str(key)
+                ),
+            ));
+        }
+        out.push((key.clone(), one(v)?));
+    }
+    Ok(MinConfidence::ByBucket(out))
 }
 
 #[cfg(test)]
@@ -158,7 +503,11 @@ mod tests {
     use super::*;
 
     fn status(body: &[u8]) -> (u16, String) {
-        match parse_body(body) {
+        status_of(body, Upstream::V0_3_20)
+    }
+
+    fn status_of(body: &[u8], upstream: Upstream) -> (u16, String) {
+        match parse_body(body, upstream, RequestLimits::default()) {
             Ok(_) => (200, String::new()),
             Err(e) => (e.status, e.detail),
         }
@@ -197,7 +546,12 @@ mod tests {
             status(state.as_bytes()),
             (413, "state too large (50001 > 50000 chars)".to_owned())
         );
-        let ok = parse_body(b"{\"questions\": {}, \"state\": null, \"model\": \"ML\"}").expect("valid");
+        let ok = parse_body(
+            b"{\"questions\": {}, \"state\": null, \"model\": \"ML\"}",
+            Upstream::V0_3_20,
+            RequestLimits::default(),
+        )
+        .expect("valid");
         assert_eq!((ok.state, ok.model), (None, Some(Value::from("ML"))));
     }
 }

@@ -167,6 +167,41 @@ pub fn resolve_model_field(model: Option<&Value>) -> Option<CheckpointName> {
         .or_else(|| CheckpointName::from_key(&key))
 }
 
+/// 0.4.15's refusal of a `model` that names a filesystem path or an unpublished Hub repo id
+/// (spec §1.8 step 8): a value that is no checkpoint name, alias or published id, and starts with
+/// `.` or `~` or contains `/` or `\\`, is a 422 with this text. Everything else unknown (a Jev id
+/// such as `jev-latest`, the bundle id) still means "route for me".
+pub fn check_model_field(model: Option<&Value>) -> Result<(), String> {
+    let Some(model) = model.filter(|m| !is_falsy(m)) else {
+        return Ok(());
+    };
+    if resolve_model_field(Some(model)).is_some() {
+        return Ok(());
+    }
+    let text = match model {
+        Value::String(s) => s.clone(),
+        other => py_repr(other),
+    };
+    let text = text.trim_matches(py_char::is_space);
+    if python_key(text) == BUNDLE_REPO {
+        return Ok(());
+    }
+    let names_a_source = text.starts_with(['.', '~']) || text.contains(['/', '\\']);
+    if !names_a_source {
+        return Ok(());
+    }
+    let mut aliases: Vec<&str> = ALIASES.iter().map(|(alias, _)| *alias).collect();
+    aliases.sort_unstable();
+    let names: Vec<String> = CheckpointName::ALL.iter().map(|c| py_repr_str(c.as_str())).collect();
+    let aliases: Vec<String> = aliases.iter().map(|a| py_repr_str(a)).collect();
+    Err(format!(
+        "unknown model {}; choose one of [{}] (or an alias: [{}]), or omit model to let the router choose",
+        py_repr(model),
+        names.join(", "),
+        aliases.join(", ")
+    ))
+}
+
 /// `match_typed_decisions_workflow`: the workflow whose signature is exactly this set of ids.
 pub fn typed_decisions_workflow(question_ids: &[&str]) -> Option<&'static str> {
     let ids: BTreeSet<&str> = question_ids.iter().copied().collect();

@@ -9,8 +9,9 @@ use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
 use laya::prompt::Row;
 use laya::python_text::{Separators, py_json};
-use laya::request::{RequestError, parse_body};
+use laya::request::{RequestError, RequestLimits, parse_body};
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, fixture_json, request_body};
 use serde_json::Value;
 use support::open_checkpoints;
@@ -47,8 +48,15 @@ fn run_case(
     case: &Value,
 ) -> Result<(Value, Vec<Row>), RequestError> {
     let body = case["body"].as_str().expect("body");
-    let request = parse_body(body.as_bytes())?;
-    let prepared = prepare(&request, |name| checkpoints.get(&name), DecisionOptions::default())?;
+    let request = parse_body(body.as_bytes(), Upstream::V0_3_20, RequestLimits::default())?;
+    let prepared = prepare(
+        &request,
+        |name| checkpoints.get(&name),
+        DecisionOptions {
+            upstream: Upstream::V0_3_20,
+            ..DecisionOptions::default()
+        },
+    )?;
     let rows = prepared.rows.clone();
     let golden_rows = case["rows"].as_array().expect("rows");
     let outputs: Vec<RowOutput> = golden_rows
@@ -169,7 +177,7 @@ fn http_body_checks_match_upstream() {
         let upstream: Value =
             serde_json::from_str(request["response"].as_str().expect("response")).unwrap_or(Value::Null);
         let deliberate = deliberate_difference(name);
-        match (parse_body(&body), status) {
+        match (parse_body(&body, Upstream::V0_3_20, RequestLimits::default()), status) {
             (Err(e), _) if deliberate.is_some_and(|(s, d)| s == e.status && e.detail == d) => rejected += 1,
             (Err(e), 400 | 413) if e.status == status && upstream["detail"].as_str() == Some(e.detail.as_str()) => {
                 rejected += 1
@@ -237,8 +245,8 @@ fn real_checkpoint_answers_match_laya_apple_goldens() {
         };
         for case in golden["cases"].as_array().expect("cases") {
             let name = case["name"].as_str().expect("name");
-            let questions =
-                parse_questions(case["questions"].as_object().expect("questions")).expect("valid questions");
+            let questions = parse_questions(case["questions"].as_object().expect("questions"), Upstream::V0_3_20)
+                .expect("valid questions");
             let answers = case["answers"].as_object().expect("answers");
             for (i, question) in questions.iter().enumerate() {
                 let k = case["items"][i]["markers"].as_array().expect("markers").len();
@@ -248,6 +256,7 @@ fn real_checkpoint_answers_match_laya_apple_goldens() {
                     logits,
                     act_probability(&case["action_logits"][i]),
                     &temperatures,
+                    Upstream::V0_3_20,
                 );
                 let mut problems = Vec::new();
                 compare(

@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, prepare};
-use laya::request::parse_body;
+use laya::request::{RequestLimits, parse_body};
 use laya::routing::CheckpointName;
 use laya::tokenizer::{LayaTokenizer, LongText};
+use laya::upstream::Upstream;
 use layad_system_tests::goldens::fixture_json;
 use serde_json::Value;
 
@@ -227,13 +228,20 @@ fn rows_are_unchanged_on_the_goldens_and_on_their_long_versions() {
                 inflated_body(&body, len)
             };
             let text = serde_json::to_string(&body).expect("render");
-            let Ok(request) = parse_body(text.as_bytes()) else {
+            let Ok(request) = parse_body(text.as_bytes(), Upstream::V0_3_20, RequestLimits::default()) else {
                 continue;
             };
             let prepare_with = |checkpoints: &HashMap<CheckpointName, Checkpoint>| {
-                prepare(&request, |name| checkpoints.get(&name), DecisionOptions::default())
-                    .map(|p| p.rows)
-                    .map_err(|e| (e.status, e.detail))
+                prepare(
+                    &request,
+                    |name| checkpoints.get(&name),
+                    DecisionOptions {
+                        upstream: Upstream::V0_3_20,
+                        ..DecisionOptions::default()
+                    },
+                )
+                .map(|p| p.rows)
+                .map_err(|e| (e.status, e.detail))
             };
             let ours = prepare_with(&bounded);
             assert_eq!(ours, prepare_with(&whole), "{name} with texts of {len} bytes");

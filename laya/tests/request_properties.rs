@@ -10,8 +10,9 @@ use std::collections::HashMap;
 
 use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
-use laya::request::parse_body;
+use laya::request::{RequestLimits, parse_body};
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad_system_tests::request_bodies::{any_body, request_body};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
@@ -24,9 +25,15 @@ fn check(
     checkpoints: &HashMap<CheckpointName, Checkpoint>,
     body: &[u8],
     auto_task: bool,
+    upstream: Upstream,
 ) -> Result<bool, TestCaseError> {
-    let options = DecisionOptions { auto_task };
-    let prepared = parse_body(body).and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));
+    let options = DecisionOptions {
+        upstream,
+        auto_task,
+        limits: RequestLimits::default(),
+    };
+    let prepared = parse_body(body, upstream, options.limits)
+        .and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(refused) => {
@@ -79,8 +86,9 @@ fn run(cases: u32, strategy: impl Strategy<Value = Vec<u8>>) -> usize {
     // The same bodies on every run, so a failure in CI is one a developer can reproduce.
     let mut runner = TestRunner::new_with_rng(config.clone(), TestRng::deterministic_rng(config.rng_algorithm));
     let answered = Cell::new(0);
-    let result = runner.run(&(strategy, any::<bool>()), |(body, auto_task)| {
-        let was_answered = check(&checkpoints, &body, auto_task)?;
+    let result = runner.run(&(strategy, any::<bool>(), any::<bool>()), |(body, auto_task, newer)| {
+        let upstream = if newer { Upstream::V0_4_15 } else { Upstream::V0_3_20 };
+        let was_answered = check(&checkpoints, &body, auto_task, upstream)?;
         answered.set(answered.get() + usize::from(was_answered));
         Ok(())
     });
