@@ -371,6 +371,16 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             );
         }
     }
+    let budget = config.compat.max_token_budget;
+    if !(1..=laya::request::DEFAULT_MAX_TOKEN_BUDGET).contains(&budget) {
+        report(
+            &["compat", "max_token_budget"],
+            format!(
+                "must be between 1 and {} (the positions a worker prepares), not {budget}",
+                laya::request::DEFAULT_MAX_TOKEN_BUDGET
+            ),
+        );
+    }
 
     let served = config.served_checkpoints();
     if served.is_empty() {

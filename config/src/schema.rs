@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::duration;
@@ -28,6 +29,8 @@ pub struct Config {
     pub workers: WorkersConfig,
     /// `[logging]`: log format and filter.
     pub logging: LoggingConfig,
+    /// `[compat]`: which upstream release layad answers like.
+    pub compat: CompatConfig,
     /// The bearer key clients must send, from `LAYA_API_KEY` or `server.api_key_file`; never
     /// serialized, so printing the configuration cannot leak it.
     #[serde(skip)]
@@ -45,6 +48,7 @@ impl Default for Config {
             scheduling: SchedulingConfig::default(),
             workers: WorkersConfig::default(),
             logging: LoggingConfig::default(),
+            compat: CompatConfig::default(),
             api_key: None,
         }
     }
@@ -120,6 +124,32 @@ impl Default for ServerConfig {
             max_connections_per_client: 256,
             auto_task: false,
             diagnostics: true,
+        }
+    }
+}
+
+/// `[compat]`: the upstream contract.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompatConfig {
+    /// The `laya[serve]` release whose answers, errors and routing layad reproduces.
+    #[serde(with = "upstream_version")]
+    pub upstream: Upstream,
+    /// Where states without language evidence go (upstream's `LAYA_DEFAULT_MODEL`); absent = the
+    /// release's own default (0.3.20 `english`, 0.4.15 `multilingual`).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "checkpoint_name")]
+    pub default_checkpoint: Option<CheckpointName>,
+    /// Largest `max_len`/`head_max_len` a 0.4.x request may ask for (upstream's
+    /// `LAYA_MAX_TOKEN_BUDGET`); at most the 8192 positions a worker prepares.
+    pub max_token_budget: usize,
+}
+
+impl Default for CompatConfig {
+    fn default() -> Self {
+        Self {
+            upstream: Upstream::default(),
+            default_checkpoint: None,
+            max_token_budget: laya::request::DEFAULT_MAX_TOKEN_BUDGET,
         }
     }
 }
@@ -596,6 +626,52 @@ impl fmt::Debug for ApiKey {
     }
 }
 
+/// `compat.upstream`: a release string such as `"0.4.15"`.
+mod upstream_version {
+    use laya::upstream::Upstream;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(upstream: &Upstream, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(upstream.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Upstream, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A canonical checkpoint name.
+fn parse_checkpoint_name<E: serde::de::Error>(name: &str) -> Result<CheckpointName, E> {
+    CheckpointName::ALL
+        .into_iter()
+        .find(|c| c.as_str() == name)
+        .ok_or_else(|| {
+            E::invalid_value(
+                serde::de::Unexpected::Str(name),
+                &"one of \"english\", \"multilingual\", \"typed-decisions\"",
+            )
+        })
+}
+
+/// `compat.default_checkpoint`: one canonical checkpoint name, or absent.
+mod checkpoint_name {
+    use laya::routing::CheckpointName;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(name: &Option<CheckpointName>, serializer: S) -> Result<S::Ok, S::Error> {
+        match name {
+            Some(name) => serializer.serialize_str(name.as_str()),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<CheckpointName>, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        super::parse_checkpoint_name(&name).map(Some)
+    }
+}
+
 /// `pool.checkpoints`: a list of canonical checkpoint names.
 mod checkpoint_list {
     use laya::routing::CheckpointName;
@@ -612,18 +688,8 @@ mod checkpoint_list {
         let names = Vec::<String>::deserialize(deserializer)?;
         names
             .iter()
-            .map(|name| {
-                CheckpointName::ALL
-                    .into_iter()
-                    .find(|c| c.as_str() == name)
-                    .ok_or_else(|| {
-                        serde::de::Error::invalid_value(
-                            serde::de::Unexpected::Str(name),
-                            &"one of \"english\", \"multilingual\", \"typed-decisions\"",
-                        )
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()
+            .map(|name| super::parse_checkpoint_name(name))
+            .collect::<Result<Vec<CheckpointName>, _>>()
             .map(Some)
     }
 }

@@ -35,8 +35,12 @@ pub struct LoadedCheckpoint {
     pub weights_sha256: String,
     /// Ids must be below this.
     pub vocab_size: u32,
-    /// Longest row the checkpoint accepts (its `max_len`).
+    /// Longest row the checkpoint accepts: at least its own `max_len`; more where a request's
+    /// `max_len` may ask for more (upstream 0.4.x) and the encoder's positions allow it.
     pub max_len: u32,
+    /// Longest row warm-up runs: the checkpoint's own `max_len` (`rl_agent_config.json`), the
+    /// length nearly every request has; longer rows are rare and measured when they come.
+    pub warmup_len: u32,
 }
 
 /// What an engine really runs on, as opposed to what it was asked for.

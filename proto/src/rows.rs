@@ -265,6 +265,7 @@ mod tests {
             weights_sha256: "00".into(),
             vocab_size,
             max_len,
+            warmup_len: max_len,
         };
         EngineInfo {
             device: "cpu".into(),

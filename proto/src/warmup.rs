@@ -70,7 +70,7 @@ pub(crate) fn plan(info: &EngineInfo, policy: &WarmupPolicy) -> Vec<WarmupShape>
     buckets.dedup();
     let mut shapes = Vec::new();
     for checkpoint in &info.checkpoints {
-        let longest = checkpoint.max_len.min(info.max_batch_tokens);
+        let longest = checkpoint.warmup_len.min(checkpoint.max_len).min(info.max_batch_tokens);
         if longest == 0 {
             continue;
         }
@@ -172,6 +172,7 @@ mod tests {
             weights_sha256: "00".into(),
             vocab_size: 701,
             max_len,
+            warmup_len: max_len,
         };
         EngineInfo {
             device: "cpu".into(),

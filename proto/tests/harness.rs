@@ -39,6 +39,7 @@ impl Engine for ToyEngine {
             weights_sha256: format!("sha-of-{name}"),
             vocab_size: 50,
             max_len: 32,
+            warmup_len: 32,
         };
         EngineInfo {
             device: "cpu".into(),

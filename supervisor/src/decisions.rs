@@ -34,6 +34,9 @@ pub struct Timings {
     pub device: Option<Duration>,
     /// The job's class (question count and length band): the queue wait is recorded under it.
     pub class: Option<JobClass>,
+    /// From preparing to the rendered answer: 0.4.x reports it on every 200 as
+    /// `Server-Timing: inference;dur=…` and `X-Inference-Time-Ms`.
+    pub inference: Option<Duration>,
 }
 
 /// Why a decision produced no answer.
@@ -99,6 +102,11 @@ impl Decisions {
         }
     }
 
+    /// The upstream release these decisions answer like.
+    pub fn upstream(&self) -> laya::upstream::Upstream {
+        self.options.upstream
+    }
+
     /// Answers the request whose (decoded) body is `json`. `prepare_started` is when host work on it
     /// began (its body's decoding), so that the prepare timing covers all of it.
     pub async fn answer(&self, json: Bytes, prepare_started: Instant, request_id: &str) -> Outcome {
@@ -127,7 +135,7 @@ impl Decisions {
         // JSON parsing and tokenizing are CPU work: keep them off the reactor.
         let prepared = tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            let request = parse_body(&json)?;
+            let request = parse_body(&json, options.upstream, options.limits)?;
             prepare(&request, |name| checkpoints.get(name), options)
         })
         .await;
@@ -148,6 +156,9 @@ impl Decisions {
         };
         outcome.checkpoint = Some(prepared.checkpoint());
         outcome.result = self.run(&prepared, request_id, deadline, &mut outcome).await;
+        if outcome.result.is_ok() && options.upstream.is_0_4() {
+            outcome.timings.inference = Some(prepare_started.elapsed());
+        }
         outcome
     }
 

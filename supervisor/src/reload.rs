@@ -123,6 +123,9 @@ fn needs_restart(running: &Config, loaded: &Config) -> Vec<&'static str> {
     if loaded.logging != running.logging {
         changed.push("[logging]");
     }
+    if loaded.compat != running.compat {
+        changed.push("[compat]");
+    }
     changed
 }
 

@@ -478,6 +478,8 @@ fn admit(
         weights_sha256: checkpoint.weights.sha256.clone(),
         vocab_size: u32::try_from(host.vocab()).unwrap_or(u32::MAX),
         max_len: u32::try_from(max_len).unwrap_or(u32::MAX),
+        // Fixed buckets bound the rows: the longest is all a request may use here.
+        warmup_len: u32::try_from(max_len).unwrap_or(u32::MAX),
     };
     let parity = ParityReport {
         checkpoint: name.to_owned(),

@@ -166,6 +166,7 @@ impl CandleEngine {
                     weights_sha256: checkpoint.weights.sha256.clone(),
                     vocab_size: saturating_u32(model.vocab_size),
                     max_len: saturating_u32(model.max_len),
+                    warmup_len: saturating_u32(checkpoint.agent.max_len),
                 },
                 model,
             });

@@ -8,7 +8,8 @@
 use laya::checkpoint::Checkpoint;
 use laya::prompt::{RowLimits, build_rows};
 use laya::question::parse_questions;
-use laya::request::parse_body;
+use laya::request::{RequestLimits, parse_body};
+use laya::upstream::Upstream;
 use layad_proto::{EngineOutput, EngineRow, ParityReport};
 
 use crate::error::LoadError;
@@ -58,11 +59,14 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, Stri
     GATE_REQUESTS
         .iter()
         .map(|body| {
-            let request = parse_body(body.as_bytes()).map_err(|e| e.body())?;
-            let questions = parse_questions(&request.questions).map_err(|e| e.0)?;
-            let rows = build_rows(&checkpoint.tokenizer, limits, request.state.as_ref(), &questions)
+            // The rows of these requests are the same under every upstream release.
+            let upstream = Upstream::default();
+            let request = parse_body(body.as_bytes(), upstream, RequestLimits::default()).map_err(|e| e.body())?;
+            let questions = parse_questions(&request.questions, upstream).map_err(|e| e.0)?;
+            let built = build_rows(&checkpoint.tokenizer, limits, request.state.as_ref(), &questions, upstream)
                 .map_err(|e| e.to_string())?;
-            Ok(rows
+            Ok(built
+                .rows
                 .into_iter()
                 .map(|row| EngineRow {
                     ids: row.ids,

@@ -127,18 +127,25 @@ fn is_loopback_name(name: &str) -> bool {
     name.parse::<Ipv4Addr>().is_ok_and(|ip| IpAddr::V4(ip).is_loopback())
 }
 
-/// `prepare;dur=0.214, queue;dur=0.010, device;dur=3.870, total;dur=4.502` (milliseconds).
+/// The `x-inference-time-ms` header (upstream 0.4.x).
+static INFERENCE_TIME: HeaderName = HeaderName::from_static("x-inference-time-ms");
+
+/// `prepare;dur=0.214, queue;dur=0.010, device;dur=3.870, total;dur=4.502` (milliseconds), after
+/// upstream 0.4.x's own `inference;dur=4.40` (two decimals, as upstream writes it) when the
+/// decision reported one.
 fn server_timing(timings: &Timings, total: Duration) -> String {
-    [
+    let upstream = timings
+        .inference
+        .map(|d| format!("inference;dur={:.2}", d.as_secs_f64() * 1000.0));
+    let ours = [
         ("prepare", timings.prepare),
         ("queue", timings.queue),
         ("device", timings.device),
         ("total", Some(total)),
     ]
     .into_iter()
-    .filter_map(|(name, d)| d.map(|d| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)))
-    .collect::<Vec<_>>()
-    .join(", ")
+    .filter_map(|(name, d)| d.map(|d| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)));
+    upstream.into_iter().chain(ours).collect::<Vec<_>>().join(", ")
 }
 
 /// Wraps every request: id, `Host` check (when `host_check` is set), then the route, then
@@ -168,6 +175,11 @@ pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request
     }
     if let Ok(timing) = HeaderValue::from_str(&server_timing(&timings, total)) {
         headers.insert(SERVER_TIMING.clone(), timing);
+    }
+    if let Some(inference) = timings.inference
+        && let Ok(ms) = HeaderValue::from_str(&format!("{:.2}", inference.as_secs_f64() * 1000.0))
+    {
+        headers.insert(INFERENCE_TIME.clone(), ms);
     }
     let status = response.status().as_u16();
     let _enter = span.enter();
@@ -256,10 +268,19 @@ mod tests {
             queue: None,
             device: Some(Duration::from_millis(4)),
             class: None,
+            inference: None,
         };
         assert_eq!(
             server_timing(&timings, Duration::from_millis(5)),
             "prepare;dur=0.250, device;dur=4.000, total;dur=5.000"
+        );
+        let upstream = Timings {
+            inference: Some(Duration::from_micros(4_406)),
+            ..timings
+        };
+        assert_eq!(
+            server_timing(&upstream, Duration::from_millis(5)),
+            "inference;dur=4.41, prepare;dur=0.250, device;dur=4.000, total;dur=5.000"
         );
     }
 }

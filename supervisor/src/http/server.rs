@@ -16,6 +16,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use laya::decision::DecisionOptions;
+use laya::request::RequestLimits;
 use layad_config::Config;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -79,7 +80,12 @@ impl Server {
                 Arc::clone(&checkpoints),
                 Arc::clone(&backend),
                 DecisionOptions {
+                    upstream: config.compat.upstream,
                     auto_task: server.auto_task,
+                    limits: RequestLimits {
+                        max_token_budget: config.compat.max_token_budget,
+                        ..RequestLimits::default()
+                    },
                 },
                 server.request_timeout,
                 Arc::clone(&live),

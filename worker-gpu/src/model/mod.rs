@@ -59,7 +59,9 @@ pub struct LayaModel {
     device: Device,
     /// Ids must be below this.
     pub vocab_size: usize,
-    /// Longest row accepted (`rl_agent_config.json` `max_len`).
+    /// Longest row accepted: the checkpoint's `max_len`, or upstream 0.4.x's token budget
+    /// (8192) when that is longer, since a request may raise its own `max_len` to it. Rotary
+    /// positions have no table to outgrow; only the RoPE tables are sized for it.
     pub max_len: usize,
 }
 
@@ -128,7 +130,7 @@ impl LayaModel {
                 problem: format!("head dimension {} is odd; RoPE needs an even one", config.head_dim()),
             });
         }
-        let max_len = checkpoint.agent.max_len;
+        let max_len = checkpoint.agent.max_len.max(laya::request::DEFAULT_MAX_TOKEN_BUDGET);
         let mut weights = Weights::read(&checkpoint.weights.path, device)?;
         let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
         let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
