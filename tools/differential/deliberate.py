@@ -1,0 +1,67 @@
+"""Deliberate differences: layad answers differently from upstream on purpose.
+
+Each rule names the row of the table "Deliberate differences from upstream" in the repository's
+README.md (the `input` cell) it implements. A request whose differences a rule explains is reported
+under `deliberate` and not counted as a failure. A rule matches only when layad gives exactly the
+answer the README promises, so a wrong answer on the same input is still a failure.
+"""
+import json
+
+INVALID_JSON = "request body must be valid JSON"
+
+
+def _detail(resp):
+    try:
+        d = json.loads(resp.body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return d.get("detail") if isinstance(d, dict) else None
+
+
+def _refused_as_invalid_json(req, up, ld):
+    return ld.status == 400 and _detail(ld) == INVALID_JSON
+
+
+RULES = [
+    {
+        "name": "nan_infinity_literals",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
+        "applies": lambda req, up, ld: "nan_literal" in req["tags"] and _refused_as_invalid_json(req, up, ld),
+    },
+    {
+        "name": "lone_surrogate_escapes",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
+        "applies": lambda req, up, ld: "lone_surrogate" in req["tags"] and _refused_as_invalid_json(req, up, ld),
+    },
+    {
+        "name": "nesting_deeper_than_128",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
+        "applies": lambda req, up, ld: "deep_nesting" in req["tags"] and _refused_as_invalid_json(req, up, ld),
+    },
+    {
+        "name": "non_string_list_labels",
+        "readme_row": "list-form choice labels that are not strings (`[\"a\", 1]`, `null`, objects)",
+        "applies": lambda req, up, ld: ("non_string_labels" in req["tags"] and up.status == 500
+                                        and ld.status == 422 and "label" in (_detail(ld) or "")),
+    },
+    {
+        "name": "list_or_object_question_type",
+        "readme_row": "a list or object as a question `type`",
+        "applies": lambda req, up, ld: ("type_list_or_object" in req["tags"] and up.status == 500
+                                        and ld.status == 422 and (_detail(ld) or "").find("unknown type") >= 0),
+    },
+    {
+        "name": "content_encoding_decoded",
+        "readme_row": "`Content-Encoding: zstd`, `gzip`, `deflate` (the Jev SDK sends zstd)",
+        "applies": lambda req, up, ld: ("content_encoding" in req["tags"] and up.status == 400
+                                        and ld.status != 400),
+    },
+]
+
+
+def explain(req, up, ld):
+    """The rule that explains this request's differences, or None."""
+    for rule in RULES:
+        if rule["applies"](req, up, ld):
+            return rule
+    return None
