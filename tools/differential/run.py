@@ -287,14 +287,17 @@ def signature(d):
 
     path = re.sub(r"^answers\.[^.]*", "answers.*", d["path"])
     path = re.sub(r"\[[0-9]+\]", "[]", path)
+    path = re.sub(r"\.(probabilities|legend)\..*$", r".\1.*", path)
     if d["kind"] == "keys":
         a, b = d["upstream"], d["layad"]
         extra = [k for k in b if k not in a]
         missing = [k for k in a if k not in b]
         what = ("+%s" % ",".join(extra) if extra else "") + (" -%s" % ",".join(missing) if missing else "")
         return "keys %s %s" % (path, what.strip() or "(order)")
-    if d["kind"] in ("status", "detail"):
-        return "%s %s" % (d["kind"], path)
+    if d["kind"] == "status":
+        return "status %s -> %s" % (d["upstream"], d["layad"])
+    if d["kind"] == "detail":
+        return "detail"
     if d["kind"] == "routing":
         return "routing"
     return "%s %s" % (d["kind"], path)
