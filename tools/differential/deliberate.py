@@ -18,6 +18,24 @@ def _detail(resp):
     return d.get("detail") if isinstance(d, dict) else None
 
 
+def _questions(req):
+    try:
+        body = json.loads(req.get("body") or b"null")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return []
+    qs = body.get("questions") if isinstance(body, dict) else None
+    return list(qs.values()) if isinstance(qs, dict) else []
+
+
+def _has_non_string_list_labels(req):
+    return any(isinstance(q, dict) and q.get("type") == "choice" and isinstance(q.get("criteria"), list)
+               and not all(isinstance(x, str) for x in q["criteria"]) for q in _questions(req))
+
+
+def _has_container_type(req):
+    return any(isinstance(q, dict) and isinstance(q.get("type"), (list, dict)) for q in _questions(req))
+
+
 def _refused_as_invalid_json(req, up, ld):
     return ld.status == 400 and _detail(ld) == INVALID_JSON
 
@@ -41,13 +59,13 @@ RULES = [
     {
         "name": "non_string_list_labels",
         "readme_row": "list-form choice labels that are not strings (`[\"a\", 1]`, `null`, objects)",
-        "applies": lambda req, up, ld: ("non_string_labels" in req["tags"] and up.status == 500
+        "applies": lambda req, up, ld: (_has_non_string_list_labels(req) and up.status == 500
                                         and ld.status == 422 and "label" in (_detail(ld) or "")),
     },
     {
         "name": "list_or_object_question_type",
         "readme_row": "a list or object as a question `type`",
-        "applies": lambda req, up, ld: ("type_list_or_object" in req["tags"] and up.status == 500
+        "applies": lambda req, up, ld: (_has_container_type(req) and up.status == 500
                                         and ld.status == 422 and (_detail(ld) or "").find("unknown type") >= 0),
     },
     {
