@@ -36,6 +36,28 @@ def _has_container_type(req):
     return any(isinstance(q, dict) and isinstance(q.get("type"), (list, dict)) for q in _questions(req))
 
 
+def nesting_depth(data):
+    """Deepest array/object nesting of a JSON text (the top-level object counts as 1)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in data.decode("utf-8", "replace") if isinstance(data, bytes) else data:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
 def _refused_as_invalid_json(req, up, ld):
     return ld.status == 400 and _detail(ld) == INVALID_JSON
 
@@ -54,7 +76,8 @@ RULES = [
     {
         "name": "nesting_deeper_than_128",
         "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
-        "applies": lambda req, up, ld: "deep_nesting" in req["tags"] and _refused_as_invalid_json(req, up, ld),
+        "applies": lambda req, up, ld: (nesting_depth(req.get("body") or b"") > 128
+                                        and _refused_as_invalid_json(req, up, ld)),
     },
     {
         "name": "non_string_list_labels",

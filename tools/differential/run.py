@@ -316,7 +316,7 @@ def summarize(args, results, up_what, ld_what, notes, planned):
         if not diffs:
             c["same"] += 1
             continue
-        rule = deliberate.explain(req, ra, rb)
+        rule = None if args.no_deliberate else deliberate.explain(req, ra, rb)
         entry = {"id": req["id"], "category": req["category"], "method": req["method"], "path": req["path"],
                  "headers": req["headers"], "body": body_for_report(req["body"]), "diffs": diffs,
                  "upstream": ra.to_json(), "layad": rb.to_json()}
@@ -398,6 +398,8 @@ def main(argv=None):
     side_b.add_argument("--layad-venv", help="self-test: start a second upstream from this venv as the 'layad' side")
     ap.add_argument("--compat", help='value of [compat] upstream in the generated TOML (default: upstream version)')
     ap.add_argument("--no-compat-key", action="store_true", help="leave the [compat] section out of the TOML")
+    ap.add_argument("--no-deliberate", action="store_true",
+                    help="count every difference (implied by --layad-venv: upstream-vs-upstream self-test)")
     ap.add_argument("--seed", type=int, default=requests_gen.DEFAULT_SEED)
     ap.add_argument("--no-goldens", action="store_true", help="only the generated families, not the golden bodies")
     ap.add_argument("--categories", help="comma list of categories to send")
@@ -409,6 +411,8 @@ def main(argv=None):
     ap.add_argument("--report", default="differential-report.json", help="JSON report path ('' = none)")
     ap.add_argument("--keep-tmp", action="store_true")
     args = ap.parse_args(argv)
+    if args.layad_venv:
+        args.no_deliberate = True
     return run(args)
 
 

@@ -113,6 +113,13 @@ class CompareTest(unittest.TestCase):
         self.assertIsNone(deliberate.explain({"tags": []}, up, good))
 
 
+    def test_nesting_depth(self):
+        self.assertEqual(deliberate.nesting_depth(b'{"a": [1, {"b": "[[[{"}]]}'), 3)
+        self.assertEqual(deliberate.nesting_depth(b'{"s": "\\"[["}'), 1)
+        deep = b'{"q": {}, "s": ' + b"[" * 128 + b"]" * 128 + b"}"
+        self.assertEqual(deliberate.nesting_depth(deep), 129)
+
+
 class RequestSetTest(unittest.TestCase):
     def test_deterministic_and_large_enough(self):
         a = requests_gen.generate(include_goldens=False)
