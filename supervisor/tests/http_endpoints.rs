@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use http_support::{Framing, Request, TestServer, send};
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad::backend::BackendError;
 use layad_config::ApiKey;
 use layad_system_tests::goldens::fixture_json;
@@ -19,7 +20,7 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 
 /// A golden request of at least 1 KiB (the size from which Jev SDKs compress) and its answer.
 fn large_golden_case() -> (Vec<u8>, String) {
-    let golden = fixture_json("goldens/cases.json");
+    let golden = fixture_json("goldens-0.4.15/cases.json");
     let case = golden["cases"]
         .as_array()
         .expect("cases")
@@ -102,7 +103,7 @@ async fn decompression_bombs_are_refused_with_413_and_the_server_keeps_serving()
         );
     }
     // Decoded size exactly at the cap is fine.
-    let mut at_cap = b"{\"questions\": {}}".to_vec();
+    let mut at_cap = b"{\"state\": \"x\", \"questions\": {}}".to_vec();
     at_cap.resize(2 * 1024 * 1024, b' ');
     let response = server
         .post("/v1/systemone", &[JSON, ("content-encoding", "gzip")], &gzip(&at_cap))
@@ -184,7 +185,7 @@ async fn headers_that_never_finish_close_the_connection() {
 async fn a_checkpoint_that_is_off_gets_503() {
     let checkpoints = http_support::checkpoints_except(CheckpointName::TypedDecisions);
     let server = TestServer::start_with(checkpoints, |_| {}).await;
-    let body = br#"{"model": "typed", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}"#;
+    let body = br#"{"state": "x", "model": "typed", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}"#;
     let response = server.post("/v1/systemone", &[JSON], body).await;
     assert_eq!(
         (response.status, response.detail().as_str()),
@@ -246,7 +247,11 @@ async fn request_ids_are_echoed_or_generated_and_timing_is_reported() {
     assert_eq!(response.header("x-request-id"), Some("client-42"));
     let timing = response.header("server-timing").expect("Server-Timing");
     let phases: Vec<&str> = timing.split(", ").map(|p| p.split(';').next().unwrap_or("")).collect();
-    assert_eq!(phases, ["prepare", "queue", "device", "total"], "{timing}");
+    // Upstream 0.4.x's own entry first, two decimals, and the same time in X-Inference-Time-Ms.
+    assert_eq!(phases, ["inference", "prepare", "queue", "device", "total"], "{timing}");
+    let inference = response.header("x-inference-time-ms").expect("X-Inference-Time-Ms");
+    assert!(timing.starts_with(&format!("inference;dur={inference}, ")), "{timing} / {inference}");
+    assert_eq!(inference.split_once('.').map(|(_, d)| d.len()), Some(2), "{inference}");
     assert!(
         timing.contains("device;dur=0.700"),
         "the backend's own device time: {timing}"
@@ -304,7 +309,8 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
         not_ready.json(),
         serde_json::json!({"status": "not ready", "waiting_for": ["english", "multilingual", "typed-decisions"]})
     );
-    let health = server.get("/health", &[]).await.json();
+    let bearer = ("authorization", "Bearer secret");
+    let health = server.get("/health", &[bearer]).await.json();
     assert_eq!(health["status"], "starting");
     assert_eq!(health["loaded"], serde_json::json!([]));
     assert_eq!(health["pools"][0]["workers"][0]["state"], "starting");
@@ -320,9 +326,19 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
         serde_json::json!({"status": "ok"})
     );
 
+    // Like upstream 0.4.x, a caller without the key learns only that the server is up...
     let response = server.get("/health", &[]).await;
     assert_eq!(response.status, 200, "no key needed");
-    let health = response.json();
+    assert_eq!(response.json(), serde_json::json!({"status": "ok"}));
+    // ...and 0.3.20 told everyone everything.
+    let older = TestServer::start(|c| {
+        c.api_key = Some(ApiKey::new("secret"));
+        c.compat.upstream = Upstream::V0_3_20;
+    })
+    .await;
+    let older = older.get("/health", &[]).await.json();
+    assert_eq!(older["pools"][0]["workers"][0]["state"], "ready");
+    let health = server.get("/health", &[bearer]).await.json();
     let keys = |v: &Value| v.as_object().expect("object").keys().cloned().collect::<Vec<_>>();
     assert_eq!(
         keys(&health),
@@ -496,7 +512,7 @@ async fn backend_failures_become_retryable_503s_a_permanent_413_or_a_500() {
     let jobs = server.backend.jobs.load(Ordering::SeqCst);
     assert_eq!(
         server
-            .post("/v1/systemone", &[JSON], br#"{"questions": {}}"#)
+            .post("/v1/systemone", &[JSON], br#"{"state": "x", "questions": {}}"#)
             .await
             .status,
         200
