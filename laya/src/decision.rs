@@ -10,7 +10,8 @@ use crate::checkpoint::Checkpoint;
 use crate::prompt::{PromptError, Row, RowLimits, build_rows, input_tokens};
 use crate::question::{Question, parse_questions};
 use crate::request::{DecisionRequest, RequestError};
-use crate::routing::{CheckpointName, RoutingDecision, resolve_model_field, route};
+use crate::routing::{CheckpointName, RouteOptions, RouteRequest, RoutingDecision, resolve_model_field, route};
+use crate::upstream::Upstream;
 
 /// Host settings that change decisions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,6 +19,11 @@ pub struct DecisionOptions {
     /// Upstream's `LAYA_AUTO_TASK`: send requests whose question ids match a typed-decisions
     /// workflow to the typed-decisions checkpoint.
     pub auto_task: bool,
+    /// The release layad answers like.
+    pub upstream: Upstream,
+    /// Upstream's `LAYA_DEFAULT_MODEL`: where states without language evidence go; `None` is the
+    /// release's own default.
+    pub default_checkpoint: Option<CheckpointName>,
 }
 
 /// A request that is ready for the model: where it goes and what rows to run.
@@ -54,9 +60,19 @@ pub fn prepare<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
-    let explicit = resolve_model_field(request.model.as_ref());
+    let route_error = |e: crate::routing::RouteError| RequestError::new(e.status(), e.to_string());
+    let model = resolve_model_field(request.model.as_ref(), options.upstream).map_err(route_error)?;
     let ids: Vec<&str> = request.questions.keys().map(String::as_str).collect();
-    let routing = route(request.state.as_ref(), &ids, explicit, options.auto_task);
+    let route_options = RouteOptions {
+        upstream: options.upstream,
+        auto_task: options.auto_task,
+        default_checkpoint: options.default_checkpoint,
+    };
+    let route_request = RouteRequest {
+        model,
+        ..RouteRequest::default()
+    };
+    let routing = route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(route_error)?;
     let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
         RequestError::new(
             503,

@@ -293,6 +293,11 @@ pub fn py_lower(s: &str) -> String {
     out
 }
 
+/// Python's `s[:n]`: the first `n` code points.
+pub fn py_prefix(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
+}
+
 /// Python's `len(str)`: the number of code points.
 pub fn py_len(s: &str) -> usize {
     s.chars().count()
@@ -400,6 +405,34 @@ pub(crate) mod py_char {
     /// `str.isupper` of one character: the Unicode `Uppercase` property.
     pub(crate) fn is_upper(ch: char) -> bool {
         !is_newer(ch) && ch.is_uppercase()
+    }
+
+    /// `str.islower` of one character: the Unicode `Lowercase` property.
+    pub(crate) fn is_lower(ch: char) -> bool {
+        !is_newer(ch) && ch.is_lowercase()
+    }
+
+    /// `str.istitle`'s test of one character: general category Lt.
+    pub(crate) fn is_title(ch: char) -> bool {
+        !is_newer(ch) && get_general_category(ch) == Gc::TitlecaseLetter
+    }
+
+    /// Whether `unicodedata.category(ch)` is `Cn` (unassigned) on CPython 3.11.
+    pub(crate) fn is_unassigned(ch: char) -> bool {
+        is_newer(ch) || get_general_category(ch) == Gc::Unassigned
+    }
+
+    /// `str.isupper` of a whole string: no lower-case or title-case character, and at least one
+    /// upper-case one (caseless characters are ignored).
+    pub(crate) fn str_is_upper(text: &str) -> bool {
+        let mut cased = false;
+        for ch in text.chars() {
+            if is_lower(ch) || is_title(ch) {
+                return false;
+            }
+            cased |= is_upper(ch);
+        }
+        cased
     }
 
     /// `unicodedata.combining(ch) != 0`: a nonzero canonical combining class.

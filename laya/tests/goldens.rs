@@ -11,6 +11,7 @@ use laya::prompt::Row;
 use laya::python_text::{Separators, py_json};
 use laya::request::{RequestError, parse_body};
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, fixture_json, request_body};
 use serde_json::Value;
 use support::open_checkpoints;
@@ -48,7 +49,12 @@ fn run_case(
 ) -> Result<(Value, Vec<Row>), RequestError> {
     let body = case["body"].as_str().expect("body");
     let request = parse_body(body.as_bytes())?;
-    let prepared = prepare(&request, |name| checkpoints.get(&name), DecisionOptions::default())?;
+    // The goldens were recorded from 0.3.20.
+    let options = DecisionOptions {
+        upstream: Upstream::V0_3_20,
+        ..DecisionOptions::default()
+    };
+    let prepared = prepare(&request, |name| checkpoints.get(&name), options)?;
     let rows = prepared.rows.clone();
     let golden_rows = case["rows"].as_array().expect("rows");
     let outputs: Vec<RowOutput> = golden_rows

@@ -12,6 +12,7 @@ use laya::checkpoint::Checkpoint;
 use laya::decision::{DecisionOptions, RowOutput, prepare, respond};
 use laya::request::parse_body;
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad_system_tests::request_bodies::{any_body, request_body};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRng, TestRunner};
@@ -25,7 +26,11 @@ fn check(
     body: &[u8],
     auto_task: bool,
 ) -> Result<bool, TestCaseError> {
-    let options = DecisionOptions { auto_task };
+    let options = DecisionOptions {
+        auto_task,
+        upstream: Upstream::V0_3_20,
+        default_checkpoint: None,
+    };
     let prepared = parse_body(body).and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));
     let prepared = match prepared {
         Ok(prepared) => prepared,

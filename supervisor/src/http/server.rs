@@ -80,6 +80,9 @@ impl Server {
                 Arc::clone(&backend),
                 DecisionOptions {
                     auto_task: server.auto_task,
+                    // 0.3.20 until `[compat] upstream` reaches the configuration.
+                    upstream: laya::upstream::Upstream::V0_3_20,
+                    default_checkpoint: None,
                 },
                 server.request_timeout,
                 Arc::clone(&live),
