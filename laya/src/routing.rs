@@ -666,4 +666,150 @@ mod tests {
             r#"{"model":"multilingual","repo":"convaiinnovations/laya/multilingual","reason":"non-Latin script (kana, 100% of letters); the English checkpoint cannot read it","detection":{"script":"kana","script_profile":{"han":0.46153846153846156,"kana":0.5384615384615384},"language":null,"is_english":false,"language_undecided":true,"diacritic_rate":0.0,"non_latin_fraction":1.0},"workflow":null}"#
         );
     }
+
+    fn route_0_4_15(state: Value, request: RouteRequest<'_>) -> Result<RoutingDecision, RouteError> {
+        let options = RouteOptions {
+            upstream: Upstream::V0_4_15,
+            ..RouteOptions::default()
+        };
+        route(Some(&state), &["q"], &request, &options)
+    }
+
+    #[test]
+    fn language_codes_like_upstream() {
+        for code in [
+            "en",
+            "EN",
+            "en-US",
+            "en_US.UTF-8",
+            "eng",
+            " English ",
+            "en.",
+            "english-uk",
+        ] {
+            assert_eq!(english_from_code(code), Some(true), "{code:?}");
+        }
+        for code in [
+            "de",
+            "PT-br",
+            "pt_BR.UTF-8",
+            "zh-Hans-CN",
+            "engl",
+            "e",
+            "x-klingon",
+            "null",
+        ] {
+            assert_eq!(english_from_code(code), Some(false), "{code:?}");
+        }
+        for code in [
+            "", "   ", "C", "c", "POSIX", "C.UTF-8", "und", "zxx", "MUL", ".", "_", "-", ".en", "_en",
+        ] {
+            assert_eq!(english_from_code(code), None, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn controls_in_upstream_precedence() {
+        let en = json!("I was charged twice for invoice 4411, please refund it today.");
+        let lang = |code| RouteRequest {
+            lang: Some(code),
+            ..RouteRequest::default()
+        };
+        let d = route_0_4_15(en.clone(), lang("PT-br")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (d.checkpoint, d.reason.as_str(), d.detection),
+            (CheckpointName::Multilingual, "explicit lang='PT-br'", None)
+        );
+        // An abstaining code falls through to lang_guess, then detection.
+        let d = route_0_4_15(
+            en.clone(),
+            RouteRequest {
+                lang: Some("C.UTF-8"),
+                lang_guess: Some("de_DE"),
+                ..RouteRequest::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "lang_guess: the caller identified this as non-English text");
+        let d = route_0_4_15(en.clone(), lang("und")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "English Latin text");
+
+        let task = json!("TYPED-DECISIONS");
+        let d = route_0_4_15(
+            en.clone(),
+            RouteRequest {
+                task: Some(&task),
+                lang: Some("de"),
+                ..RouteRequest::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (d.checkpoint, d.reason.as_str()),
+            (CheckpointName::TypedDecisions, "explicit task='TYPED-DECISIONS'")
+        );
+        // 0.3.20's server forwards no controls.
+        let options = RouteOptions {
+            upstream: Upstream::V0_3_20,
+            ..RouteOptions::default()
+        };
+        let d = route(Some(&en), &["q"], &lang("de"), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "English Latin text");
+    }
+
+    #[test]
+    fn refusals_carry_upstream_texts() {
+        let aliases = "['decisions', 'default', 'en', 'laya', 'laya-multilingual', 'laya-typed-decisions', \
+                       'ml', 'multi', 'typed', 'typed_decisions']";
+        let task = json!(true);
+        let err = route_0_4_15(
+            json!("x"),
+            RouteRequest {
+                task: Some(&task),
+                ..RouteRequest::default()
+            },
+        )
+        .err()
+        .map(|e| (e.status(), e.to_string()));
+        let want = format!(
+            "unknown model True; choose one of ['english', 'multilingual', 'typed-decisions'] (or an alias: {aliases})"
+        );
+        assert_eq!(err, Some((422, want)));
+
+        let v4 = Upstream::V0_4_15;
+        for model in ["./ckpt", "~/x", "org/repo", "C:\\ckpt", " .hidden "] {
+            let err = resolve_model_field(Some(&json!(model)), v4)
+                .err()
+                .map(|e| e.to_string());
+            let want = format!(
+                "unknown model {}; choose one of ['english', 'multilingual', 'typed-decisions'] \
+                 (or an alias: {aliases}), or omit model to let the router choose",
+                py_repr_str(model)
+            );
+            assert_eq!(err, Some(want), "{model:?}");
+            assert_eq!(resolve_model_field(Some(&json!(model)), Upstream::V0_3_20), Ok(None));
+        }
+        for model in [
+            json!("jev-1"),
+            json!("convaiinnovations/laya"),
+            json!(" CONVAIINNOVATIONS/LAYA "),
+        ] {
+            assert_eq!(resolve_model_field(Some(&model), v4), Ok(None), "{model}");
+        }
+        let dict = json!({"a/b": 1});
+        assert!(resolve_model_field(Some(&dict), v4).is_err());
+    }
+
+    #[test]
+    fn the_default_checkpoint_per_release_and_overridden() {
+        let short = json!("Quero cancelar");
+        let mut options = RouteOptions::default();
+        let d = route(Some(&short), &[], &RouteRequest::default(), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.checkpoint, CheckpointName::Multilingual);
+        assert!(d.reason.ends_with("using default (multilingual)"), "{}", d.reason);
+        options.default_checkpoint = Some(CheckpointName::English);
+        let d = route(None, &[], &RouteRequest::default(), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "no letters detected in state; using default (english)");
+        assert_eq!(CheckpointName::default_for(Upstream::V0_3_20), CheckpointName::English);
+    }
 }

@@ -382,3 +382,110 @@ fn leaf_non_english(leaf: &str) -> Option<Detection> {
     }
     best.map(|(_, det)| det)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every expectation below is what upstream 0.4.15's `laya.lang.analyse` answers.
+    fn detect(state: Value) -> Detection {
+        analyse(Some(&state))
+    }
+
+    fn verdict(state: Value) -> (Option<&'static str>, bool, bool) {
+        let d = detect(state);
+        (d.language, d.is_english, d.language_undecided)
+    }
+
+    #[test]
+    fn letters_newer_than_the_database_count_as_other() {
+        let d = detect(json!("\u{1c89}\u{1c8a}\u{1c89} \u{1c89}\u{1c8a}"));
+        assert_eq!(
+            (d.script.as_str(), d.is_english, d.non_latin_fraction),
+            ("other", false, 1.0)
+        );
+        assert!(is_letter('\u{1c89}') && is_letter('\u{31350}') && is_letter('a'));
+        assert!(!is_letter('\u{1c8b}') && !is_letter('1') && !py_char::is_alpha('\u{1c89}'));
+        // 0.3.20 does not see them at all.
+        let old = super::super::analyse(Some(&json!("\u{1c89}\u{1c8a}")), Upstream::V0_3_20);
+        assert_eq!(old.script, "unknown");
+    }
+
+    #[test]
+    fn swedish_fragments_and_nordic_overlap() {
+        assert_eq!(verdict(json!("glömt lösenord")), (Some("sv"), false, false));
+        assert_eq!(verdict(json!("kan inte logga in")), (Some("sv"), false, false));
+        // Generic words are not enough for the fragment rule; the diacritics still speak.
+        assert_eq!(verdict(json!("hjälp paket")), (None, false, true));
+        // Danish shares `hej` and `min`: not Swedish, but not English either.
+        assert_eq!(verdict(json!("hej min ven")), (None, false, true));
+    }
+
+    #[test]
+    fn collision_words_count_once_and_english_rescues_a_loanword() {
+        assert_eq!(verdict(json!("do more, do less, do it now")), (Some("en"), true, false));
+        let d = detect(json!("I ordered a café latte and a croissant, but they never arrived."));
+        assert_eq!((d.language, d.is_english, d.diacritic_rate), (Some("en"), true, 0.0159));
+    }
+
+    #[test]
+    fn acronyms_and_shouting() {
+        assert_eq!(verdict(json!("MON DES EST LA")), (None, true, true));
+        assert_eq!(
+            verdict(json!("The MON DES EST LA game is tonight")),
+            (Some("en"), true, false)
+        );
+        // An emphasis word of five letters keeps every capital run in the vote.
+        assert_eq!(verdict(json!("sag mir das HEUTIGE DATUM")), (Some("de"), false, false));
+        // Vetoed for its short stop words, kept off English by its umlauts.
+        assert_eq!(verdict(json!("WIE SPÄT IST ES IN KÖLN")), (None, false, true));
+        // Text carried by a caseless script is not held to the caps bars.
+        let d = detect(json!("ПРИВЕТ MON DES EST LA"));
+        assert_eq!((d.script.as_str(), d.language), ("latin", Some("fr")));
+        assert_eq!(blank_upper_runs("The MON x ǅA DES2 é"), "The   x ǅA  2 é");
+    }
+
+    #[test]
+    fn a_foreign_line_in_english_text_is_the_mixed_segment() {
+        let state = json!(
+            "I was charged twice for invoice 4411, please refund it today. The app crashes when I \
+             open the settings page on my phone. We have been waiting for the replacement part \
+             since Monday.\nMeu pedido não chegou e preciso de ajuda urgente com isso, por favor"
+        );
+        let d = detect(state);
+        assert_eq!(
+            (d.language, d.is_english, d.language_undecided),
+            (Some("pt"), false, false)
+        );
+        assert_eq!(
+            d.mixed_segment.as_deref(),
+            Some("Meu pedido não chegou e preciso de ajuda urgente com isso, por favor")
+        );
+        let text = serde_json::to_string(&d.to_json()).unwrap_or_default();
+        assert!(text.ends_with(r#""non_latin_fraction":0.0,"mixed_segment":"Meu pedido não chegou e preciso de ajuda urgente com isso, por favor"}"#), "{text}");
+    }
+
+    #[test]
+    fn a_short_foreign_field_beside_a_long_english_one_overrides_without_a_segment() {
+        let log = "I was charged twice for invoice 4411, please refund it today. ".repeat(80);
+        let d = detect(json!({"log": log, "message": "Mein Konto wurde gesperrt, bitte helfen Sie mir"}));
+        assert_eq!(
+            (d.language, d.is_english, d.mixed_segment.as_deref()),
+            (Some("de"), false, None)
+        );
+        let d = detect(json!({"log": log, "message": "注文した商品がまだ届いていません"}));
+        assert_eq!((d.script.as_str(), d.language, d.is_english), ("latin", None, false));
+        assert!(d.language_undecided);
+    }
+
+    #[test]
+    fn code_lines_and_compounds_are_not_prose() {
+        assert!(is_code_line("x = 1") && is_code_line("round(el, 2)") && is_code_line("a[0]"));
+        assert!(!is_code_line("Deu erro (500) no login") && !is_code_line("ok."));
+        assert!(is_joined("Nav/Com") && is_joined("C:\\DOS\\mode") && is_joined("a_b") && is_joined("v1.2"));
+        assert!(!is_joined("_a") && !is_joined("arrivato.") && !is_joined("a-b"));
+        let state = json!("Please check this:\nx = os.path.join(dir, nome_do_arquivo)\nThanks");
+        assert_eq!(verdict(state), (Some("en"), true, false));
+    }
+}
