@@ -3,7 +3,7 @@
 //!
 //! What both releases share lives here: reading the state, counting letters per script, the
 //! non-Latin promotion, identifiers and words. Each release's Latin-language rules live in its own
-//! file ([`v0_3_20`], [`v0_4_15`]); the tables are data ([`tables`], `laya/data/*.txt`).
+//! file (`v0_3_20.rs`, `v0_4_15.rs`); the tables are data (`tables.rs`, `laya/data/*.txt`).
 //!
 //! Upstream runs on CPython 3.11, so every character test here is Python's on Unicode 14.0:
 //! `str.isalpha` (general category L*), `re`'s `\w` and `\d`, `str.isupper`, `str.lower` and
