@@ -12,7 +12,7 @@ use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tok
 use crate::python_text::{float_value, round4};
 use crate::question::{Question, QuestionType, parse_questions};
 use crate::request::{DecisionRequest, MinConfidence, RequestError, RequestLimits};
-use crate::routing::{CheckpointName, RoutingDecision, resolve_model_field, route};
+use crate::routing::{CheckpointName, RouteOptions, RouteRequest, RoutingDecision, route};
 use crate::upstream::Upstream;
 
 /// Host settings that change decisions.
@@ -25,6 +25,9 @@ pub struct DecisionOptions {
     pub auto_task: bool,
     /// The limits requests are checked against (0.4.x: the token budget, choice options).
     pub limits: RequestLimits,
+    /// Upstream's `LAYA_DEFAULT_MODEL`: where states without language evidence go; `None` is the
+    /// release's own default.
+    pub default_checkpoint: Option<CheckpointName>,
 }
 
 /// A request that is ready for the model: where it goes and what rows to run.
@@ -67,9 +70,21 @@ pub fn prepare<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
-    let explicit = resolve_model_field(request.model.as_ref());
+    let route_error = |e: crate::routing::RouteError| RequestError::new(e.status(), e.to_string());
     let ids: Vec<&str> = request.questions.keys().map(String::as_str).collect();
-    let routing = route(request.state.as_ref(), &ids, explicit, options.auto_task);
+    let route_options = RouteOptions {
+        upstream: options.upstream,
+        auto_task: options.auto_task,
+        default_checkpoint: options.default_checkpoint,
+    };
+    let controls = &request.controls;
+    let route_request = RouteRequest {
+        model: request.model,
+        task: controls.task.as_ref(),
+        lang: controls.lang.as_deref(),
+        lang_guess: controls.lang_guess.as_deref(),
+    };
+    let routing = route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(route_error)?;
     let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
         RequestError::new(
             503,

@@ -293,6 +293,11 @@ pub fn py_lower(s: &str) -> String {
     out
 }
 
+/// Python's `s[:n]`: the first `n` code points.
+pub fn py_prefix(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
+}
+
 /// Python's `len(str)`: the number of code points.
 pub fn py_len(s: &str) -> usize {
     s.chars().count()
@@ -402,6 +407,50 @@ pub(crate) mod py_char {
         !is_newer(ch) && ch.is_uppercase()
     }
 
+    /// Code points std's (Unicode 17.0) `Lowercase` property holds and CPython 3.11's does not:
+    /// modifier letters made `Other_Lowercase` since 14.0, and letters assigned in 17.0. Found by
+    /// comparing `str.islower` with [`is_lower`] for every code point.
+    const LOWERCASE_SINCE_14: [(u32, u32); 5] = [
+        (0x10FC, 0x10FC),
+        (0xA7CF, 0xA7CF),
+        (0xA7F1, 0xA7F4),
+        (0xAB69, 0xAB69),
+        (0x16EBB, 0x16ED3),
+    ];
+
+    /// `str.islower` of one character: the Unicode `Lowercase` property, as of Unicode 14.0.
+    pub(crate) fn is_lower(ch: char) -> bool {
+        // U+0295 LATIN LETTER PHARYNGEAL VOICED FRICATIVE was Ll until Unicode 16.0 made it Lo.
+        if ch == '\u{295}' {
+            return true;
+        }
+        let cp = u32::from(ch);
+        !is_newer(ch) && ch.is_lowercase() && !LOWERCASE_SINCE_14.iter().any(|&(lo, hi)| (lo..=hi).contains(&cp))
+    }
+
+    /// `str.istitle`'s test of one character: general category Lt.
+    pub(crate) fn is_title(ch: char) -> bool {
+        !is_newer(ch) && get_general_category(ch) == Gc::TitlecaseLetter
+    }
+
+    /// Whether `unicodedata.category(ch)` is `Cn` (unassigned) on CPython 3.11.
+    pub(crate) fn is_unassigned(ch: char) -> bool {
+        is_newer(ch) || get_general_category(ch) == Gc::Unassigned
+    }
+
+    /// `str.isupper` of a whole string: no lower-case or title-case character, and at least one
+    /// upper-case one (caseless characters are ignored).
+    pub(crate) fn str_is_upper(text: &str) -> bool {
+        let mut cased = false;
+        for ch in text.chars() {
+            if is_lower(ch) || is_title(ch) {
+                return false;
+            }
+            cased |= is_upper(ch);
+        }
+        cased
+    }
+
     /// `unicodedata.combining(ch) != 0`: a nonzero canonical combining class.
     pub(crate) fn is_combining(ch: char) -> bool {
         !is_newer(ch) && canonical_combining_class(ch) != 0
@@ -476,6 +525,28 @@ mod tests {
         assert_eq!(py_repr_str("a\tb\u{1}\u{200b}\u{a0}é😀"), "'a\\tb\\x01\\u200b\\xa0é😀'");
         let v: Value = serde_json::from_str(r#"{"a": [1, 2.0, null, true, "x"]}"#).expect("json");
         assert_eq!(py_repr(&v), "{'a': [1, 2.0, None, True, 'x']}");
+    }
+
+    #[test]
+    fn lower_and_title_case_as_cpython_3_11() {
+        use py_char::*;
+        assert!(is_lower('a') && is_lower('ß') && is_lower('ª') && is_lower('\u{295}'));
+        for ch in [
+            '\u{10fc}',
+            '\u{a7cf}',
+            '\u{a7f1}',
+            '\u{a7f4}',
+            '\u{ab69}',
+            '\u{16ebb}',
+            'A',
+            '1',
+        ] {
+            assert!(!is_lower(ch), "{ch:?}");
+        }
+        assert!(is_title('ǅ') && !is_title('Ǆ') && !is_title('ǆ'));
+        assert!(str_is_upper("MON") && str_is_upper("É1 X") && !str_is_upper("ǅA") && !str_is_upper("12"));
+        assert!(!str_is_upper("MoN") && str_is_upper("ПРИВЕТ"));
+        assert!(is_unassigned('\u{1c89}') && is_unassigned('\u{378}') && !is_unassigned('a'));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
+use crate::routing::{CheckpointName, resolve_model_field};
 use crate::upstream::Upstream;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
@@ -57,8 +58,8 @@ pub struct DecisionRequest {
     pub state: Option<Value>,
     /// The questions, in request order, not yet validated one by one.
     pub questions: Map<String, Value>,
-    /// The raw `model` field, if sent.
-    pub model: Option<Value>,
+    /// The checkpoint the `model` field names (`None`: route automatically).
+    pub model: Option<CheckpointName>,
     /// The per-request controls of 0.4.x (all `None` under 0.3.20, which ignores them).
     pub controls: Controls,
 }
@@ -246,8 +247,12 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
             format!("state too large ({state_chars} > {MAX_STATE_CHARS} chars)"),
         ));
     }
-    let controls = match upstream {
-        Upstream::V0_3_20 => Controls::default(),
+    // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above.
+    let resolve_model = || {
+        resolve_model_field(body.get("model"), upstream).map_err(|e| RequestError::new(e.status(), e.to_string()))
+    };
+    let (model, controls) = match upstream {
+        Upstream::V0_3_20 => (resolve_model()?, Controls::default()),
         Upstream::V0_4_15 => {
             let refused: Vec<&str> = BODY_REFUSALS
                 .into_iter()
@@ -269,14 +274,14 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
                     "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
                 ));
             }
-            crate::routing::check_model_field(body.get("model")).map_err(|detail| RequestError::new(422, detail))?;
-            read_controls(&body, limits)?
+            let model = resolve_model()?;
+            (model, read_controls(&body, limits)?)
         }
     };
     Ok(DecisionRequest {
         state,
         questions,
-        model: body.remove("model"),
+        model,
         controls,
     })
 }
@@ -552,6 +557,6 @@ mod tests {
             RequestLimits::default(),
         )
         .expect("valid");
-        assert_eq!((ok.state, ok.model), (None, Some(Value::from("ML"))));
+        assert_eq!((ok.state, ok.model), (None, Some(CheckpointName::Multilingual)));
     }
 }

@@ -1,5 +1,6 @@
 //! Which checkpoint answers a request, and why: upstream's `laya.router.Router._route` as the
-//! 0.3.20 server drives it (the `model` field, `LAYA_AUTO_TASK`), and the `routing` response object.
+//! server of each release drives it (the `model` field; 0.4.15's `task`, `lang` and `lang_guess`
+//! controls; `LAYA_AUTO_TASK`; `LAYA_DEFAULT_MODEL`), and the `routing` response object.
 
 use std::collections::BTreeSet;
 
@@ -7,13 +8,11 @@ use serde_json::{Map, Value};
 
 use crate::language::{Detection, analyse};
 use crate::python_text::py_char;
-use crate::python_text::{number_as_f64, printf_0f, py_repr, py_repr_str};
+use crate::python_text::{number_as_f64, printf_0f, py_prefix, py_repr, py_repr_str, py_strip};
+use crate::upstream::Upstream;
 
 /// The Hugging Face repo that bundles all three checkpoints (`BUNDLE_REPO`).
 pub const BUNDLE_REPO: &str = "convaiinnovations/laya";
-
-/// The checkpoint the 0.3.20 server falls back to when detection cannot decide (`Router.default`).
-pub const DEFAULT_CHECKPOINT: CheckpointName = CheckpointName::English;
 
 /// Question-id signatures of the typed-decisions workflows, in upstream's order
 /// (`_TYPED_DECISION_WORKFLOWS`).
@@ -120,6 +119,15 @@ impl CheckpointName {
         }
     }
 
+    /// `Router.default`: where a state with no language evidence goes unless the operator says
+    /// otherwise (`LAYA_DEFAULT_MODEL`): `english` in 0.3.20, `multilingual` since 0.4.0.
+    pub fn default_for(upstream: Upstream) -> Self {
+        match upstream {
+            Upstream::V0_3_20 => CheckpointName::English,
+            Upstream::V0_4_15 => CheckpointName::Multilingual,
+        }
+    }
+
     /// The checkpoint's folder inside [`BUNDLE_REPO`]; `None` for english, which sits at its root.
     pub fn subfolder(self) -> Option<&'static str> {
         match self {
@@ -149,57 +157,76 @@ fn is_falsy(value: &Value) -> bool {
     }
 }
 
-/// The 0.3.20 server's reading of the request's `model` field (`serve._resolve_model`): falsy →
-/// `None` (route automatically); else `str(model).strip().lower()` as a standalone Hugging Face id,
-/// then as a name or alias; anything else → `None` as well, never an error.
-pub fn resolve_model_field(model: Option<&Value>) -> Option<CheckpointName> {
-    let model = model.filter(|m| !is_falsy(m))?;
-    // str() of every non-string JSON value is its repr (`5`, `True`, `{'a': 1}`).
-    let text = match model {
+/// A request the router refuses (HTTP 422), with upstream's `detail` as its text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// 0.4.15: `model` looks like a path or an unpublished Hub repo id, a checkpoint this server
+    /// cannot load (`serve._resolve_model`). Carries the Python repr of the value sent.
+    #[error("{}, or omit model to let the router choose", unknown_model(.0))]
+    UnservableModel(String),
+    /// 0.4.15: `task` names no checkpoint (`Router.resolve`). Carries the Python repr of the task.
+    #[error("{}", unknown_model(.0))]
+    UnknownTask(String),
+}
+
+impl RouteError {
+    /// The HTTP status upstream answers with.
+    pub fn status(&self) -> u16 {
+        422
+    }
+}
+
+/// `ValueError("unknown model %r; choose one of %s (or an alias: %s)")` of `Router.resolve` and
+/// `normalise_name`, for a name already written as its Python repr.
+fn unknown_model(name_repr: &str) -> String {
+    let list = |names: Vec<&str>| {
+        let items: Vec<String> = names.into_iter().map(py_repr_str).collect();
+        format!("[{}]", items.join(", "))
+    };
+    let mut aliases: Vec<&str> = ALIASES.iter().map(|(alias, _)| *alias).collect();
+    aliases.sort_unstable();
+    format!(
+        "unknown model {name_repr}; choose one of {} (or an alias: {})",
+        list(CheckpointName::ALL.iter().map(|c| c.as_str()).collect()),
+        list(aliases)
+    )
+}
+
+/// Python's `str(value)` of a parsed JSON value: the text of a string, else its repr.
+fn py_str(value: &Value) -> String {
+    match value {
         Value::String(s) => s.clone(),
         other => py_repr(other),
+    }
+}
+
+/// `serve._names_unpublished_source`: a path (`./ckpt`, `~/ckpt`, `C:\ckpt`) or a Hub repo id.
+fn names_unpublished_source(text: &str) -> bool {
+    text.starts_with(['.', '~']) || text.contains(['/', '\\'])
+}
+
+/// The server's reading of the request's `model` field (`serve._resolve_model`): falsy → `None`
+/// (route automatically); else `str(model).strip().lower()` as a standalone Hugging Face id, then
+/// as a name or alias. Anything else is `None` too (a Jev id such as `jev-1`, the bundle id) —
+/// except that 0.4.15 refuses a path or an unpublished Hub id, which 0.3.20 also ignores.
+pub fn resolve_model_field(model: Option<&Value>, upstream: Upstream) -> Result<Option<CheckpointName>, RouteError> {
+    let Some(model) = model.filter(|m| !is_falsy(m)) else {
+        return Ok(None);
     };
+    let text = py_str(model);
     let key = python_key(&text);
-    PUBLISHED_MODEL_IDS
+    let known = PUBLISHED_MODEL_IDS
         .iter()
         .find(|(id, _)| *id == key)
         .map(|&(_, c)| c)
-        .or_else(|| CheckpointName::from_key(&key))
-}
-
-/// 0.4.15's refusal of a `model` that names a filesystem path or an unpublished Hub repo id
-/// (spec §1.8 step 8): a value that is no checkpoint name, alias or published id, and starts with
-/// `.` or `~` or contains `/` or `\\`, is a 422 with this text. Everything else unknown (a Jev id
-/// such as `jev-latest`, the bundle id) still means "route for me".
-pub fn check_model_field(model: Option<&Value>) -> Result<(), String> {
-    let Some(model) = model.filter(|m| !is_falsy(m)) else {
-        return Ok(());
-    };
-    if resolve_model_field(Some(model)).is_some() {
-        return Ok(());
+        .or_else(|| CheckpointName::from_key(&key));
+    if known.is_some() || !upstream.is_0_4() || key == BUNDLE_REPO {
+        return Ok(known);
     }
-    let text = match model {
-        Value::String(s) => s.clone(),
-        other => py_repr(other),
-    };
-    let text = text.trim_matches(py_char::is_space);
-    if python_key(text) == BUNDLE_REPO {
-        return Ok(());
+    if names_unpublished_source(py_strip(&text)) {
+        return Err(RouteError::UnservableModel(py_repr(model)));
     }
-    let names_a_source = text.starts_with(['.', '~']) || text.contains(['/', '\\']);
-    if !names_a_source {
-        return Ok(());
-    }
-    let mut aliases: Vec<&str> = ALIASES.iter().map(|(alias, _)| *alias).collect();
-    aliases.sort_unstable();
-    let names: Vec<String> = CheckpointName::ALL.iter().map(|c| py_repr_str(c.as_str())).collect();
-    let aliases: Vec<String> = aliases.iter().map(|a| py_repr_str(a)).collect();
-    Err(format!(
-        "unknown model {}; choose one of [{}] (or an alias: [{}]), or omit model to let the router choose",
-        py_repr(model),
-        names.join(", "),
-        aliases.join(", ")
-    ))
+    Ok(None)
 }
 
 /// `match_typed_decisions_workflow`: the workflow whose signature is exactly this set of ids.
@@ -243,39 +270,117 @@ impl RoutingDecision {
     }
 }
 
-/// `Router._route` as the 0.3.20 server calls it (spec §6.2): an explicit checkpoint first, then
-/// the typed-decisions workflow when `auto_task` (`LAYA_AUTO_TASK`) is on, then detection.
+/// The request's routing controls, as they reach upstream's `Router.route`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RouteRequest<'a> {
+    /// The checkpoint named by `model`, already read by [`resolve_model_field`].
+    pub model: Option<CheckpointName>,
+    /// 0.4.15 `task`: any non-null JSON value, since the server forwards it unchecked.
+    pub task: Option<&'a Value>,
+    /// 0.4.15 `lang`: a language code (the server refuses anything but a string or null).
+    pub lang: Option<&'a str>,
+    /// 0.4.15 `lang_guess`: a language code, checked after `lang`.
+    pub lang_guess: Option<&'a str>,
+}
+
+/// Server settings that change routing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteOptions {
+    /// The release whose router and detector answer.
+    pub upstream: Upstream,
+    /// `LAYA_AUTO_TASK`: questions matching a typed-decisions workflow go to that checkpoint.
+    pub auto_task: bool,
+    /// `LAYA_DEFAULT_MODEL`: where states without language evidence go; `None` is the release's
+    /// own default ([`CheckpointName::default_for`]).
+    pub default_checkpoint: Option<CheckpointName>,
+}
+
+/// Language subtags that mean "the English checkpoint can read this" (`_ENGLISH_SUBTAGS`).
+const ENGLISH_SUBTAGS: [&str; 3] = ["en", "eng", "english"];
+
+/// Codes that name no language and so abstain (`_LANGUAGE_AGNOSTIC_CODES`): `C`, `POSIX`, and the
+/// ISO 639-2 `und`, `zxx` and `mul`.
+const LANGUAGE_AGNOSTIC_CODES: [&str; 5] = ["c", "posix", "und", "zxx", "mul"];
+
+/// `_english_from_code`: whether a language code names English, or `None` when it names no
+/// language (blank, `C.UTF-8`, `und`, …). `en_US.UTF-8` → `en_US` → `en`.
+fn english_from_code(code: &str) -> Option<bool> {
+    let code = python_key(code);
+    let code = code.split('.').next().unwrap_or_default();
+    let code = code.replace('_', "-");
+    let primary = code.split('-').next().unwrap_or_default();
+    if primary.is_empty() || LANGUAGE_AGNOSTIC_CODES.contains(&primary) {
+        return None;
+    }
+    Some(ENGLISH_SUBTAGS.contains(&primary))
+}
+
+/// `str(task).lower().replace("-", "_") == "typed_decisions"`, then `Router.resolve`.
+fn resolve_task(task: &Value) -> Result<CheckpointName, RouteError> {
+    let text = py_str(task);
+    let mut lowered = String::with_capacity(text.len());
+    py_char::push_lower(&text, &mut lowered);
+    if lowered.replace('-', "_") == "typed_decisions" {
+        return Ok(CheckpointName::TypedDecisions);
+    }
+    CheckpointName::from_key(&python_key(&text)).ok_or_else(|| RouteError::UnknownTask(py_repr(task)))
+}
+
+/// `Router._route` as the server calls it (spec §6.2). Precedence: explicit `model`, then (0.4.15)
+/// `task`, then the typed-decisions workflow when `auto_task` is on, then (0.4.15) `lang` and
+/// `lang_guess` where they name a language, then detection. 0.3.20's server forwards none of
+/// `task`, `lang` or `lang_guess`, so under 0.3.20 they are not read.
 pub fn route(
     state: Option<&Value>,
     question_ids: &[&str],
-    explicit: Option<CheckpointName>,
-    auto_task: bool,
-) -> RoutingDecision {
-    if let Some(checkpoint) = explicit {
+    request: &RouteRequest<'_>,
+    options: &RouteOptions,
+) -> Result<RoutingDecision, RouteError> {
+    let upstream = options.upstream;
+    let decided = |checkpoint: CheckpointName, reason: String, workflow: Option<&'static str>| RoutingDecision {
+        checkpoint,
+        reason,
+        detection: None,
+        workflow,
+    };
+    if let Some(checkpoint) = request.model {
         // The server passes the canonical name, so the repr is of that, not of what was sent.
-        return RoutingDecision {
-            checkpoint,
-            reason: format!("explicit model={}", py_repr_str(checkpoint.as_str())),
-            detection: None,
-            workflow: None,
-        };
+        let reason = format!("explicit model={}", py_repr_str(checkpoint.as_str()));
+        return Ok(decided(checkpoint, reason, None));
+    }
+    let task = request.task.filter(|t| upstream.is_0_4() && !t.is_null());
+    if let Some(task) = task {
+        let checkpoint = resolve_task(task)?;
+        return Ok(decided(checkpoint, format!("explicit task={}", py_repr(task)), None));
     }
     let workflow = typed_decisions_workflow(question_ids);
-    if let Some(name) = workflow.filter(|_| auto_task) {
-        return RoutingDecision {
-            checkpoint: CheckpointName::TypedDecisions,
-            reason: format!("question ids match the {} typed-decisions workflow", py_repr_str(name)),
-            detection: None,
-            workflow,
-        };
+    if let Some(name) = workflow.filter(|_| options.auto_task) {
+        let reason = format!("question ids match the {} typed-decisions workflow", py_repr_str(name));
+        return Ok(decided(CheckpointName::TypedDecisions, reason, workflow));
     }
-    let det = analyse(state);
+    if upstream.is_0_4() {
+        // A code that names no language falls through, as an abstaining hint does.
+        if let Some(lang) = request.lang
+            && let Some(english) = english_from_code(lang)
+        {
+            let reason = format!("explicit lang={}", py_repr_str(lang));
+            return Ok(decided(english_or_not(english), reason, workflow));
+        }
+        if let Some(english) = request.lang_guess.and_then(english_from_code) {
+            let reason = format!(
+                "lang_guess: the caller identified this as {} text",
+                if english { "English" } else { "non-English" }
+            );
+            return Ok(decided(english_or_not(english), reason, workflow));
+        }
+    }
+    let fallback = options
+        .default_checkpoint
+        .unwrap_or_else(|| CheckpointName::default_for(upstream));
+    let det = analyse(state, upstream);
     let (checkpoint, reason) = if det.script == "unknown" {
-        let key = DEFAULT_CHECKPOINT.as_str();
-        (
-            DEFAULT_CHECKPOINT,
-            format!("no letters detected in state; using default ({key})"),
-        )
+        let key = fallback.as_str();
+        (fallback, format!("no letters detected in state; using default ({key})"))
     } else if det.script != "latin" {
         let share = printf_0f(100.0 * det.non_latin_fraction);
         let reason = format!(
@@ -284,12 +389,18 @@ pub fn route(
         );
         (CheckpointName::Multilingual, reason)
     } else if !det.is_english {
-        let reason = match det.language {
-            Some(lang) => format!(
+        let reason = match (&det.mixed_segment, det.language) {
+            (Some(segment), Some(lang)) if !segment.is_empty() => format!(
+                "Latin script, mostly English, but a line or field reads as {} ({}); \
+                 the English checkpoint cannot read it",
+                py_repr_str(lang),
+                py_repr_str(py_prefix(segment, 60))
+            ),
+            (_, Some(lang)) => format!(
                 "Latin script but language looks like {}, not English",
                 py_repr_str(lang)
             ),
-            None => format!(
+            (_, None) => format!(
                 "Latin script, language not identified but {}% non-English letters; \
                  not safe for the English checkpoint",
                 printf_0f(100.0 * det.diacritic_rate)
@@ -297,17 +408,26 @@ pub fn route(
         };
         (CheckpointName::Multilingual, reason)
     } else if det.language_undecided {
-        let key = DEFAULT_CHECKPOINT.as_str();
+        let key = fallback.as_str();
         let reason = format!("Latin script, language not identified and no non-English letters; using default ({key})");
-        (DEFAULT_CHECKPOINT, reason)
+        (fallback, reason)
     } else {
         (CheckpointName::English, "English Latin text".to_owned())
     };
-    RoutingDecision {
+    Ok(RoutingDecision {
         checkpoint,
         reason,
         detection: Some(det),
         workflow,
+    })
+}
+
+/// `"english" if resolved else "multilingual"`.
+fn english_or_not(english: bool) -> CheckpointName {
+    if english {
+        CheckpointName::English
+    } else {
+        CheckpointName::Multilingual
     }
 }
 
@@ -316,8 +436,27 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Routes like the 0.3.20 server: no controls but `model`, `auto_task` as given.
+    fn route_0_3_20(
+        state: Option<&Value>,
+        ids: &[&str],
+        model: Option<CheckpointName>,
+        auto_task: bool,
+    ) -> RoutingDecision {
+        let request = RouteRequest {
+            model,
+            ..RouteRequest::default()
+        };
+        let options = RouteOptions {
+            upstream: Upstream::V0_3_20,
+            auto_task,
+            default_checkpoint: None,
+        };
+        route(state, ids, &request, &options).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn auto(state: Value) -> RoutingDecision {
-        route(Some(&state), &["q"], None, false)
+        route_0_3_20(Some(&state), &["q"], None, false)
     }
 
     #[test]
@@ -393,7 +532,6 @@ mod tests {
                 Some(CheckpointName::Multilingual),
             ),
             (json!("convaiinnovations/laya"), None),
-            (json!("convaiinnovations/laya-english"), None),
             (json!("jev-latest"), None),
             (json!("english"), Some(CheckpointName::English)),
             (json!(""), None),
@@ -409,16 +547,18 @@ mod tests {
             (json!({"ml": 1}), None),
             (Value::Null, None),
         ];
-        for (model, want) in cases {
-            assert_eq!(resolve_model_field(Some(&model)), want, "{model}");
+        for upstream in Upstream::ALL {
+            for (model, want) in &cases {
+                assert_eq!(resolve_model_field(Some(model), upstream), Ok(*want), "{model}");
+            }
+            assert_eq!(resolve_model_field(None, upstream), Ok(None));
         }
-        assert_eq!(resolve_model_field(None), None);
     }
 
     #[test]
     fn explicit_model_skips_detection_and_workflow() {
         let ids = ["action", "category", "churn_risk", "needs_human", "urgency"];
-        let d = route(Some(&json!("Bonjour")), &ids, Some(CheckpointName::Multilingual), true);
+        let d = route_0_3_20(Some(&json!("Bonjour")), &ids, Some(CheckpointName::Multilingual), true);
         assert_eq!(
             serde_json::to_string(&d.to_json()).unwrap_or_default(),
             r#"{"model":"multilingual","repo":"convaiinnovations/laya/multilingual","reason":"explicit model='multilingual'","detection":null,"workflow":null}"#
@@ -438,7 +578,7 @@ mod tests {
         assert_eq!(typed_decisions_workflow(&[]), None);
 
         let state = json!("I was charged twice for invoice 4411, please refund it today.");
-        let on = route(Some(&state), &ids, None, true);
+        let on = route_0_3_20(Some(&state), &ids, None, true);
         assert_eq!(on.checkpoint, CheckpointName::TypedDecisions);
         assert_eq!(
             on.reason,
@@ -446,7 +586,7 @@ mod tests {
         );
         assert_eq!((on.detection, on.workflow), (None, Some("customer_service")));
 
-        let off = route(Some(&state), &ids, None, false);
+        let off = route_0_3_20(Some(&state), &ids, None, false);
         assert_eq!(
             (off.checkpoint, off.reason.as_str()),
             (CheckpointName::English, "English Latin text")
@@ -514,7 +654,7 @@ mod tests {
             assert_eq!((d.checkpoint.as_str(), d.reason.as_str()), (model, reason), "{state}");
             assert_eq!(d.workflow, None);
         }
-        let missing = route(None, &[], None, false);
+        let missing = route_0_3_20(None, &[], None, false);
         assert_eq!(missing.reason, "no letters detected in state; using default (english)");
     }
 
@@ -525,5 +665,151 @@ mod tests {
             serde_json::to_string(&d.to_json()).unwrap_or_default(),
             r#"{"model":"multilingual","repo":"convaiinnovations/laya/multilingual","reason":"non-Latin script (kana, 100% of letters); the English checkpoint cannot read it","detection":{"script":"kana","script_profile":{"han":0.46153846153846156,"kana":0.5384615384615384},"language":null,"is_english":false,"language_undecided":true,"diacritic_rate":0.0,"non_latin_fraction":1.0},"workflow":null}"#
         );
+    }
+
+    fn route_0_4_15(state: Value, request: RouteRequest<'_>) -> Result<RoutingDecision, RouteError> {
+        let options = RouteOptions {
+            upstream: Upstream::V0_4_15,
+            ..RouteOptions::default()
+        };
+        route(Some(&state), &["q"], &request, &options)
+    }
+
+    #[test]
+    fn language_codes_like_upstream() {
+        for code in [
+            "en",
+            "EN",
+            "en-US",
+            "en_US.UTF-8",
+            "eng",
+            " English ",
+            "en.",
+            "english-uk",
+        ] {
+            assert_eq!(english_from_code(code), Some(true), "{code:?}");
+        }
+        for code in [
+            "de",
+            "PT-br",
+            "pt_BR.UTF-8",
+            "zh-Hans-CN",
+            "engl",
+            "e",
+            "x-klingon",
+            "null",
+        ] {
+            assert_eq!(english_from_code(code), Some(false), "{code:?}");
+        }
+        for code in [
+            "", "   ", "C", "c", "POSIX", "C.UTF-8", "und", "zxx", "MUL", ".", "_", "-", ".en", "_en",
+        ] {
+            assert_eq!(english_from_code(code), None, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn controls_in_upstream_precedence() {
+        let en = json!("I was charged twice for invoice 4411, please refund it today.");
+        let lang = |code| RouteRequest {
+            lang: Some(code),
+            ..RouteRequest::default()
+        };
+        let d = route_0_4_15(en.clone(), lang("PT-br")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (d.checkpoint, d.reason.as_str(), d.detection),
+            (CheckpointName::Multilingual, "explicit lang='PT-br'", None)
+        );
+        // An abstaining code falls through to lang_guess, then detection.
+        let d = route_0_4_15(
+            en.clone(),
+            RouteRequest {
+                lang: Some("C.UTF-8"),
+                lang_guess: Some("de_DE"),
+                ..RouteRequest::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "lang_guess: the caller identified this as non-English text");
+        let d = route_0_4_15(en.clone(), lang("und")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "English Latin text");
+
+        let task = json!("TYPED-DECISIONS");
+        let d = route_0_4_15(
+            en.clone(),
+            RouteRequest {
+                task: Some(&task),
+                lang: Some("de"),
+                ..RouteRequest::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (d.checkpoint, d.reason.as_str()),
+            (CheckpointName::TypedDecisions, "explicit task='TYPED-DECISIONS'")
+        );
+        // 0.3.20's server forwards no controls.
+        let options = RouteOptions {
+            upstream: Upstream::V0_3_20,
+            ..RouteOptions::default()
+        };
+        let d = route(Some(&en), &["q"], &lang("de"), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "English Latin text");
+    }
+
+    #[test]
+    fn refusals_carry_upstream_texts() {
+        let aliases = "['decisions', 'default', 'en', 'laya', 'laya-multilingual', 'laya-typed-decisions', \
+                       'ml', 'multi', 'typed', 'typed_decisions']";
+        let task = json!(true);
+        let err = route_0_4_15(
+            json!("x"),
+            RouteRequest {
+                task: Some(&task),
+                ..RouteRequest::default()
+            },
+        )
+        .err()
+        .map(|e| (e.status(), e.to_string()));
+        let want = format!(
+            "unknown model True; choose one of ['english', 'multilingual', 'typed-decisions'] (or an alias: {aliases})"
+        );
+        assert_eq!(err, Some((422, want)));
+
+        let v4 = Upstream::V0_4_15;
+        for model in ["./ckpt", "~/x", "org/repo", "C:\\ckpt", " .hidden "] {
+            let err = resolve_model_field(Some(&json!(model)), v4)
+                .err()
+                .map(|e| e.to_string());
+            let want = format!(
+                "unknown model {}; choose one of ['english', 'multilingual', 'typed-decisions'] \
+                 (or an alias: {aliases}), or omit model to let the router choose",
+                py_repr_str(model)
+            );
+            assert_eq!(err, Some(want), "{model:?}");
+            assert_eq!(resolve_model_field(Some(&json!(model)), Upstream::V0_3_20), Ok(None));
+        }
+        for model in [
+            json!("jev-1"),
+            json!("convaiinnovations/laya"),
+            json!(" CONVAIINNOVATIONS/LAYA "),
+        ] {
+            assert_eq!(resolve_model_field(Some(&model), v4), Ok(None), "{model}");
+        }
+        let dict = json!({"a/b": 1});
+        assert!(resolve_model_field(Some(&dict), v4).is_err());
+    }
+
+    #[test]
+    fn the_default_checkpoint_per_release_and_overridden() {
+        let short = json!("Quero cancelar");
+        let mut options = RouteOptions::default();
+        let d = route(Some(&short), &[], &RouteRequest::default(), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.checkpoint, CheckpointName::Multilingual);
+        assert!(d.reason.ends_with("using default (multilingual)"), "{}", d.reason);
+        options.default_checkpoint = Some(CheckpointName::English);
+        let d = route(None, &[], &RouteRequest::default(), &options).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.reason, "no letters detected in state; using default (english)");
+        assert_eq!(CheckpointName::default_for(Upstream::V0_3_20), CheckpointName::English);
     }
 }

@@ -31,6 +31,7 @@ fn check(
         upstream,
         auto_task,
         limits: RequestLimits::default(),
+        default_checkpoint: None,
     };
     let prepared = parse_body(body, upstream, options.limits)
         .and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));

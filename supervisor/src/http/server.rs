@@ -86,6 +86,7 @@ impl Server {
                         max_token_budget: config.compat.max_token_budget,
                         ..RequestLimits::default()
                     },
+                    default_checkpoint: config.compat.default_checkpoint,
                 },
                 server.request_timeout,
                 Arc::clone(&live),
