@@ -254,6 +254,21 @@ fn check_list_labels(labels: &[Value]) -> Result<(), String> {
                 py_repr(label)
             ));
         }
+        // Deliberately stricter than upstream: `[0, "0"]` are two Python keys that JSON writes as
+        // one, so upstream answers with a repeated `probabilities` key that a JSON reader collapses.
+        let key = ChoiceLabel::new(label.clone()).key;
+        if let Some(first) = labels[..i]
+            .iter()
+            .position(|earlier| ChoiceLabel::new(earlier.clone()).key == key)
+        {
+            return Err(format!(
+                "choice label {i} ({}) has the same answer key {} as label {first} ({}); a JSON object \
+                 cannot hold both, so give every option a label of its own",
+                py_repr(label),
+                py_repr_str(&key),
+                py_repr(&labels[first])
+            ));
+        }
     }
     Ok(())
 }

@@ -248,9 +248,8 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
         ));
     }
     // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above.
-    let resolve_model = || {
-        resolve_model_field(body.get("model"), upstream).map_err(|e| RequestError::new(e.status(), e.to_string()))
-    };
+    let resolve_model =
+        || resolve_model_field(body.get("model"), upstream).map_err(|e| RequestError::new(e.status(), e.to_string()));
     let (model, controls) = match upstream {
         Upstream::V0_3_20 => (resolve_model()?, Controls::default()),
         Upstream::V0_4_15 => {

@@ -250,7 +250,10 @@ async fn request_ids_are_echoed_or_generated_and_timing_is_reported() {
     // Upstream 0.4.x's own entry first, two decimals, and the same time in X-Inference-Time-Ms.
     assert_eq!(phases, ["inference", "prepare", "queue", "device", "total"], "{timing}");
     let inference = response.header("x-inference-time-ms").expect("X-Inference-Time-Ms");
-    assert!(timing.starts_with(&format!("inference;dur={inference}, ")), "{timing} / {inference}");
+    assert!(
+        timing.starts_with(&format!("inference;dur={inference}, ")),
+        "{timing} / {inference}"
+    );
     assert_eq!(inference.split_once('.').map(|(_, d)| d.len()), Some(2), "{inference}");
     assert!(
         timing.contains("device;dur=0.700"),

@@ -63,8 +63,14 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, Stri
             let upstream = Upstream::default();
             let request = parse_body(body.as_bytes(), upstream, RequestLimits::default()).map_err(|e| e.body())?;
             let questions = parse_questions(&request.questions, upstream).map_err(|e| e.0)?;
-            let built = build_rows(&checkpoint.tokenizer, limits, request.state.as_ref(), &questions, upstream)
-                .map_err(|e| e.to_string())?;
+            let built = build_rows(
+                &checkpoint.tokenizer,
+                limits,
+                request.state.as_ref(),
+                &questions,
+                upstream,
+            )
+            .map_err(|e| e.to_string())?;
             Ok(built
                 .rows
                 .into_iter()

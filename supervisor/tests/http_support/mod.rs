@@ -72,7 +72,10 @@ pub struct GoldenBackend {
 impl GoldenBackend {
     pub fn new() -> Self {
         // Both releases' goldens: rows that only 0.4.x builds (option orders, longer rows) too.
-        let goldens = [fixture_json("goldens/cases.json"), fixture_json("goldens-0.4.15/cases.json")];
+        let goldens = [
+            fixture_json("goldens/cases.json"),
+            fixture_json("goldens-0.4.15/cases.json"),
+        ];
         let mut rows = HashMap::new();
         for case in goldens.iter().flat_map(|g| g["cases"].as_array().expect("cases")) {
             let Some(checkpoint) = case["checkpoint"].as_str().and_then(CheckpointName::from_name_or_alias) else {
