@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use laya::upstream::Upstream;
 use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE};
-use layad_system_tests::{Server, fixture_json, get, json_differences, post_json};
+use layad_system_tests::goldens::goldens;
+use layad_system_tests::{Server, get, json_differences, post_json};
 
 const CONFIG: &str = r#"
 [server]
@@ -31,7 +33,7 @@ const KILL_EVERY: Duration = Duration::from_secs(3);
 
 /// Golden requests small enough to keep the load going: (body, upstream response).
 fn workload() -> Vec<(String, serde_json::Value)> {
-    let golden = fixture_json("goldens/cases.json");
+    let golden = goldens(Upstream::default(), "cases.json");
     golden["cases"]
         .as_array()
         .expect("cases")

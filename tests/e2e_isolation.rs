@@ -101,7 +101,13 @@ struct WorkerView {
 }
 
 async fn workers(server: &Server) -> Vec<WorkerView> {
-    let health = get(server.addr, "/health").await.expect("health").json();
+    // The bearer, for the instance that requires it (without it /health says only "ok"); one
+    // without a key ignores the header.
+    let bearer = format!("Bearer {API_KEY}");
+    let health = request(server.addr, "GET", "/health", &[("authorization", &bearer)], b"")
+        .await
+        .expect("health")
+        .json();
     let mut found = Vec::new();
     for pool in health["pools"].as_array().into_iter().flatten() {
         for worker in pool["workers"].as_array().into_iter().flatten() {

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use layad_system_tests::goldens::{fixtures_dir, golden_body};
-use layad_system_tests::{Server, fixture_json, get, post_json};
+use laya::upstream::Upstream;
+use layad_system_tests::goldens::{fixtures_dir, golden_body, goldens};
+use layad_system_tests::{Server, get, post_json};
 use serde_json::Value;
 
 /// A GPU pool for everything plus an `ane` pool over the fixture artifacts with `executor`.
@@ -37,7 +38,7 @@ checkpoints = ["english", "multilingual"]
 
 /// Golden single-question english requests that fit the english artifacts, with upstream's answer.
 fn short_cases() -> Vec<(String, Value)> {
-    fixture_json("goldens/cases.json")["cases"]
+    goldens(Upstream::default(), "cases.json")["cases"]
         .as_array()
         .expect("cases")
         .iter()

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use layad_system_tests::goldens::golden_body;
-use layad_system_tests::{Server, bin_dir, deliberate_difference, fixture_json, get, json_differences, post_json};
+use laya::upstream::Upstream;
+use layad_system_tests::goldens::{golden_body, goldens};
+use layad_system_tests::{Server, bin_dir, deliberate_difference, get, json_differences, post_json};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -215,7 +216,7 @@ fn send_timed(server: &Arc<Server>, body: String) -> tokio::task::JoinHandle<(In
 
 /// The golden case `name`'s upstream answer.
 fn golden_answer(name: &str) -> Value {
-    let cases = fixture_json("goldens/cases.json");
+    let cases = goldens(Upstream::default(), "cases.json");
     let case = cases["cases"]
         .as_array()
         .expect("cases")
@@ -431,7 +432,7 @@ batch_wait = "30ms"
 "#;
     let mut server = Server::start(config, &[]);
     server.wait_ready(Duration::from_secs(120)).await;
-    let golden = fixture_json("goldens/cases.json");
+    let golden = goldens(Upstream::default(), "cases.json");
     let cases: Vec<(String, Value)> = golden["cases"]
         .as_array()
         .expect("cases")
@@ -442,7 +443,7 @@ batch_wait = "30ms"
         .filter(|c| {
             c["name"]
                 .as_str()
-                .is_some_and(|name| deliberate_difference(name).is_none())
+                .is_some_and(|name| deliberate_difference(name, Upstream::default()).is_none())
         })
         .filter_map(|c| {
             let response = serde_json::from_str(c["response"].as_str()?).ok()?;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use laya::routing::CheckpointName;
+use laya::upstream::Upstream;
 use layad_config::{
     AneExecutor, CheckpointSource, Config, ConfigError, Device, Dtype, Flags, LogFormat, PoolConfig, Problem,
     QueueOrder, Sources, WorkerKind, ignored_upstream_variables,
@@ -588,4 +589,29 @@ fn queue_order_and_aging_are_read_and_checked() {
     let problem = only_problem(load(Some(&file), &[]));
     assert_eq!(problem.key, "scheduling.aging");
     assert!(problem.message.contains("from 1 to 1000"), "{problem}");
+}
+
+#[test]
+fn the_upstream_profile_defaults_to_0_4_15_and_refuses_unknown_releases() {
+    let config = load(None, &[]).expect("loads");
+    assert_eq!(config.compat.upstream, Upstream::V0_4_15);
+    assert_eq!(
+        (config.compat.default_checkpoint, config.compat.max_token_budget),
+        (None, 8192)
+    );
+
+    let file =
+        ConfigFile::new("[compat]\nupstream = \"0.3.20\"\ndefault_checkpoint = \"english\"\nmax_token_budget = 2048\n");
+    let config = load(Some(&file), &[]).expect("loads");
+    assert_eq!(config.compat.upstream, Upstream::V0_3_20);
+    assert_eq!(config.compat.default_checkpoint, Some(CheckpointName::English));
+    assert_eq!(config.compat.max_token_budget, 2048);
+
+    let problem = only_problem(load(None, &[("LAYAD_COMPAT__UPSTREAM", "0.4.14")]));
+    assert_eq!(problem.key, "compat.upstream");
+    assert!(problem.message.contains("\"0.4.14\""), "{}", problem.message);
+    let problem = only_problem(load(None, &[("LAYAD_COMPAT__MAX_TOKEN_BUDGET", "9000")]));
+    assert_eq!(problem.key, "compat.max_token_budget");
+    let problem = only_problem(load(None, &[("LAYAD_COMPAT__DEFAULT_CHECKPOINT", "englisch")]));
+    assert_eq!(problem.key, "compat.default_checkpoint");
 }

@@ -7,8 +7,8 @@ mod http_support;
 use std::sync::atomic::Ordering;
 
 use http_support::{Framing, Request, Response, TestServer, send};
-use layad_config::ApiKey;
 use laya::upstream::Upstream;
+use layad_config::ApiKey;
 use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, goldens, request_body};
 use serde_json::Value;
 
@@ -132,14 +132,23 @@ fn check_upstream_timing(name: &str, case: &Value, response: &Response, failures
     let ours = response.header("x-inference-time-ms");
     let upstream_sent = want.contains_key("x-inference-time-ms");
     if upstream_sent != ours.is_some() {
-        failures.push(format!("{name}: X-Inference-Time-Ms {ours:?}, upstream sent it: {upstream_sent}"));
+        failures.push(format!(
+            "{name}: X-Inference-Time-Ms {ours:?}, upstream sent it: {upstream_sent}"
+        ));
         return;
     }
     if let Some(ms) = ours {
         let two_decimals = ms.split_once('.').is_some_and(|(_, d)| d.len() == 2);
-        let first = response.header("server-timing").unwrap_or("").split(", ").next().unwrap_or("");
+        let first = response
+            .header("server-timing")
+            .unwrap_or("")
+            .split(", ")
+            .next()
+            .unwrap_or("");
         if !two_decimals || first != format!("inference;dur={ms}") {
-            failures.push(format!("{name}: Server-Timing {first:?} with X-Inference-Time-Ms {ms:?}"));
+            failures.push(format!(
+                "{name}: Server-Timing {first:?} with X-Inference-Time-Ms {ms:?}"
+            ));
         }
     }
 }

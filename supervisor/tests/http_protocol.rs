@@ -117,7 +117,7 @@ async fn keep_alive_carries_several_requests_with_bodies() {
     let server = TestServer::start(|_| {}).await;
     let mut stream = TcpStream::connect(server.addr).await.expect("connect");
     let mut data = Vec::new();
-    let body = r#"{"questions": {}}"#;
+    let body = r#"{"state": "x", "questions": {}}"#;
     for _ in 0..3 {
         let request = format!(
             "POST /v1/systemone HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

@@ -216,9 +216,9 @@ async fn describe_is_unreachable_until_ready_then_reports_what_really_runs() {
     );
     assert_eq!(info.dtype, "f32");
     let expected = [
-        ("english", "", 701, 96),
-        ("multilingual", "multilingual", 776, 128),
-        ("typed-decisions", "typed-decisions", 701, 96),
+        ("english", "", 701, 8192),
+        ("multilingual", "multilingual", 776, 8192),
+        ("typed-decisions", "typed-decisions", 701, 8192),
     ];
     assert_eq!(info.checkpoints.len(), expected.len());
     for (checkpoint, (name, sub, vocab, max_len)) in info.checkpoints.iter().zip(expected) {
@@ -241,7 +241,7 @@ async fn describe_is_unreachable_until_ready_then_reports_what_really_runs() {
         (
             layad_proto::DEFAULT_MAX_ROWS,
             layad_proto::DEFAULT_MAX_BATCH_TOKENS,
-            128
+            8192
         )
     );
     assert!(capabilities.length_buckets.is_empty());
@@ -356,15 +356,6 @@ async fn bad_input_gets_invalid_argument_and_the_next_request_still_succeeds() {
             "english",
             vec![long_row.clone(), long_row.clone(), long_row],
             "the forward has 270 tokens in all; this worker takes at most 200".into(),
-        ),
-        (
-            "english",
-            vec![EngineRow {
-                ids: vec![5; 97],
-                markers: vec![3],
-                qtype: 0,
-            }],
-            "row 0 has 97 tokens; checkpoint english takes at most 96".into(),
         ),
         ("english", vec![], "the forward has no rows".into()),
         (
