@@ -254,18 +254,22 @@ fn check_list_labels(labels: &[Value]) -> Result<(), String> {
                 py_repr(label)
             ));
         }
-        // Deliberately stricter than upstream: `[0, "0"]` are two Python keys that JSON writes as
-        // one, so upstream answers with a repeated `probabilities` key that a JSON reader collapses.
-        let key = ChoiceLabel::new(label.clone()).key;
-        if let Some(first) = labels[..i]
-            .iter()
-            .position(|earlier| ChoiceLabel::new(earlier.clone()).key == key)
-        {
+    }
+    Ok(())
+}
+
+/// Deliberately stricter than upstream, and only once upstream would answer (every question
+/// passed its checks): `[0, "0"]` are two Python keys that JSON writes as one, so upstream's
+/// `probabilities` repeats a key, which a JSON reader collapses to one.
+fn check_label_keys(labels: &[Value]) -> Result<(), String> {
+    let keys: Vec<String> = labels.iter().map(|l| ChoiceLabel::new(l.clone()).key).collect();
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(first) = keys[..i].iter().position(|earlier| earlier == key) {
             return Err(format!(
                 "choice label {i} ({}) has the same answer key {} as label {first} ({}); a JSON object \
                  cannot hold both, so give every option a label of its own",
-                py_repr(label),
-                py_repr_str(&key),
+                py_repr(&labels[i]),
+                py_repr_str(key),
                 py_repr(&labels[first])
             ));
         }
@@ -444,6 +448,15 @@ pub fn parse_questions(questions: &Map<String, Value>, upstream: Upstream) -> Re
     for (id, def) in questions {
         check(id, def, upstream)?;
     }
+    if upstream.is_0_4() {
+        for (id, def) in questions {
+            if def["type"] == "choice"
+                && let Some(Value::Array(labels)) = def.get("criteria")
+            {
+                check_label_keys(labels).map_err(|text| QuestionError(format!("question {}: {text}", py_repr_str(id))))?;
+            }
+        }
+    }
     Ok(questions
         .iter()
         .filter_map(|(id, def)| def.as_object().map(|def| to_internal(id, def, upstream)))
@@ -516,5 +529,49 @@ mod tests {
         let err = parse(json!({"ok": {"type": "noul", "instructions": ""}, "bad": {"type": "noul", "instructions": "", "criteria": {"Yes": 1, "true": 2}}}))
             .expect_err("bad keys");
         assert!(err.0.starts_with("question 'bad': a noul question takes 'criteria' keyed only 'true'/'false' (either or both, and omitted is fine), got ['true', 'yes']."), "{}", err.0);
+    }
+
+    fn newer(v: Value) -> Result<Vec<Question>, QuestionError> {
+        parse_questions(v.as_object().expect("object"), Upstream::V0_4_15)
+    }
+
+    #[test]
+    fn the_0_4_15_rules_and_their_texts() {
+        let err = |v: Value| newer(v).expect_err("invalid").0;
+        assert_eq!(err(json!({" ": {}})), "question id must be a non-empty string, got ' '");
+        assert_eq!(
+            err(json!({"q": {"type": "noul", "instructions": null}})),
+            "question 'q': 'instructions' must not be None; add the text the model should answer"
+        );
+        assert_eq!(
+            err(json!({"q": {"type": "noul", "instructions": []}})),
+            "question 'q': 'instructions' must not be empty; add the text the model should answer"
+        );
+        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [1, true]}})).contains("choice label 1 (True) repeats label 0"));
+        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": ["a", null]}})).starts_with("question 'q': choice label 1 is null"));
+        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [["a"]]}})).starts_with("question 'q': choice label 0 is a list"));
+        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [0, "0"]}})).contains("same answer key '0' as label 0 (0)"));
+        for order in [json!([0, 0]), json!([1]), json!([1.0, 0]), json!([true, 0]), json!(null)] {
+            let e = err(json!({"q": {"type": "noul", "instructions": "x", "option_order": order.clone()}}));
+            assert_eq!(
+                e,
+                format!(
+                    "question 'q': 'option_order' must be a permutation of range(2) -- one slot per option, each option once -- got {}",
+                    py_repr(&order)
+                )
+            );
+        }
+        let qs = newer(json!({
+            "c": {"type": "choice", "instructions": 0, "criteria": [1, 2.5, false], "option_order": [2, 0, 1]},
+            "s": {"type": "score", "instructions": "x", "criteria": ["low", 1, {"a": 1}]}
+        }))
+        .expect("valid");
+        assert_eq!(qs[0].options, ["1", "2.5", "False"]);
+        assert_eq!(qs[0].option_order, Some(vec![2, 0, 1]));
+        let AnswerKeys::Choice(labels) = &qs[0].keys else { panic!("a choice") };
+        let keys: Vec<&str> = labels.iter().map(|l| l.key.as_str()).collect();
+        assert_eq!(keys, ["1", "2.5", "false"]);
+        assert_eq!(labels[0].value, json!(1));
+        assert_eq!(qs[1].keys, AnswerKeys::Score(vec![json!("low"), json!("1"), json!("{\"a\": 1}")]));
     }
 }

@@ -138,11 +138,39 @@ def _top_two_close(answer):
     return len(vals) >= 2 and vals[0] - vals[1] <= TIE_TOL
 
 
-def diff_values(a, b, path, out, answer=None):
+def _jev(answer):
+    """`x_jev_confidence` from an answer's own rounded probabilities (TypeSafe's formula, spec §5.5)."""
+    probs = answer.get("probabilities") if isinstance(answer, Obj) else None
+    if not isinstance(probs, Obj):
+        return None
+    p = [v for _, v in probs]
+    n = len(p)
+    if n == 1:
+        return 1.0
+    total = sum(p)
+    p = [v / total for v in p] if total else [1.0 / n] * n
+    if answer.get("type") == "choice":
+        return round((max(p) - 1.0 / n) / (1.0 - 1.0 / n), 4)
+    mode = max(range(n), key=p.__getitem__)
+    spread = sum(v * abs(i - mode) for i, v in enumerate(p))
+    uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
+    return round(max(0.0, 1.0 - spread / uniform), 4)
+
+
+def _jev_follows_probabilities(a, b, answer, theirs):
+    """Whether two `x_jev_confidence` values differ only because the probabilities they are computed
+    from do (each side's value is the formula of its own probabilities, which are compared on
+    their own): the formula amplifies a 1e-4 rounding step by up to n."""
+    return answer is not None and theirs is not None and _jev(answer) == a and _jev(theirs) == b
+
+
+def diff_values(a, b, path, out, answer=None, theirs=None):
     """Append the differences between upstream value `a` and layad value `b` at `path`."""
     ka, kb = _kind_of(a), _kind_of(b)
     if path.endswith(".choice") and answer is not None and a != b and _top_two_close(answer):
         return  # an exact tie region: either label is upstream-compatible
+    if path.endswith(".x_jev_confidence") and a != b and _jev_follows_probabilities(a, b, answer, theirs):
+        return
     if ka != kb:
         out.append({"kind": "type", "path": path, "upstream": _short(a), "layad": _short(b)})
         return
@@ -154,12 +182,15 @@ def diff_values(a, b, path, out, answer=None):
         for k, v in a:
             if k in bmap:
                 sub = path + "." + k if path else k
-                diff_values(v, bmap[k], sub, out, v if path == "answers" else answer)
+                if path == "answers":
+                    diff_values(v, bmap[k], sub, out, v, bmap[k])
+                else:
+                    diff_values(v, bmap[k], sub, out, answer, theirs)
     elif ka == "array":
         if len(a) != len(b):
             out.append({"kind": "length", "path": path, "upstream": _short(a), "layad": _short(b)})
         for i, (x, y) in enumerate(zip(a, b)):
-            diff_values(x, y, "%s[%d]" % (path, i), out, answer)
+            diff_values(x, y, "%s[%d]" % (path, i), out, answer, theirs)
     elif ka in ("int", "float"):
         # + 1e-9: values rounded to 4 decimals one unit apart (0.2704 / 0.2705) are within 1e-4
         if a != b and not abs(a - b) <= NUM_TOL + 1e-9:

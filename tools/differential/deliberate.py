@@ -32,6 +32,22 @@ def _has_non_string_list_labels(req):
                and not all(isinstance(x, str) for x in q["criteria"]) for q in _questions(req))
 
 
+def _json_key(label):
+    """The text json.dumps writes for a dict key (str as is, True -> "true", 1.0 -> "1.0")."""
+    return label if isinstance(label, str) else json.dumps(label)
+
+
+def _has_colliding_label_keys(req):
+    """A list-form choice whose labels are distinct Python keys but one JSON key (`[0, "0"]`)."""
+    for q in _questions(req):
+        crit = q.get("criteria") if isinstance(q, dict) and q.get("type") == "choice" else None
+        if isinstance(crit, list) and all(isinstance(x, (str, int, float)) for x in crit):
+            keys = [_json_key(x) for x in crit]
+            if len(set(keys)) < len(keys):
+                return True
+    return False
+
+
 def _has_container_type(req):
     return any(isinstance(q, dict) and isinstance(q.get("type"), (list, dict)) for q in _questions(req))
 
@@ -65,19 +81,25 @@ def _refused_as_invalid_json(req, up, ld):
 RULES = [
     {
         "name": "nan_infinity_literals",
-        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes (0.3.20), nesting of 128 levels or more",
         "applies": lambda req, up, ld: "nan_literal" in req["tags"] and _refused_as_invalid_json(req, up, ld),
     },
     {
         "name": "lone_surrogate_escapes",
-        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes (0.3.20), nesting of 128 levels or more",
         "applies": lambda req, up, ld: "lone_surrogate" in req["tags"] and _refused_as_invalid_json(req, up, ld),
     },
     {
-        "name": "nesting_deeper_than_128",
-        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes, nesting deeper than 128",
-        "applies": lambda req, up, ld: (nesting_depth(req.get("body") or b"") > 128
+        "name": "nesting_of_128_or_more",
+        "readme_row": "`NaN`, `Infinity`, lone `\\udXXX` escapes (0.3.20), nesting of 128 levels or more",
+        "applies": lambda req, up, ld: (nesting_depth(req.get("body") or b"") >= 128
                                         and _refused_as_invalid_json(req, up, ld)),
+    },
+    {
+        "name": "labels_with_one_json_key",
+        "readme_row": "list-form choice labels that JSON writes as one key (`[0, \"0\"]`)",
+        "applies": lambda req, up, ld: (_has_colliding_label_keys(req) and up.status == 200
+                                        and ld.status == 422 and "same answer key" in (_detail(ld) or "")),
     },
     {
         "name": "non_string_list_labels",

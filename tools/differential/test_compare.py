@@ -36,6 +36,13 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(kinds(R('{"p":0.5000}'), R('{"p":0.50009}')), [])
         self.assertEqual(kinds(R('{"p":0.5}'), R('{"p":0.5002}')), ["number"])
 
+    def test_jev_confidence_may_differ_as_far_as_its_probabilities_do(self):
+        up = '{"answers":{"q":{"type":"score","probabilities":{"0":0.6155,"1":0.3845},"x_jev_confidence":0.231}}}'
+        ld = '{"answers":{"q":{"type":"score","probabilities":{"0":0.6154,"1":0.3846},"x_jev_confidence":0.2308}}}'
+        self.assertEqual(kinds(R(up), R(ld)), [])
+        wrong = ld.replace("0.2308", "0.2306")  # not what layad's own probabilities give
+        self.assertEqual(kinds(R(up), R(wrong)), ["number"])
+
     def test_int_vs_float_is_a_type_difference(self):
         self.assertEqual(kinds(R('{"choice":1}'), R('{"choice":1.0}')), ["type"])
 
