@@ -70,7 +70,6 @@ pub fn prepare<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
-    let route_error = |e: crate::routing::RouteError| RequestError::new(e.status(), e.to_string());
     let ids: Vec<&str> = request.questions.keys().map(String::as_str).collect();
     let route_options = RouteOptions {
         upstream: options.upstream,
@@ -84,7 +83,7 @@ pub fn prepare<'a>(
         lang: controls.lang.as_deref(),
         lang_guess: controls.lang_guess.as_deref(),
     };
-    let routing = route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(route_error)?;
+    let routing = route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)?;
     let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
         RequestError::new(
             503,

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
-use crate::routing::{CheckpointName, resolve_model_field};
+use crate::routing::{CheckpointName, RouteError, resolve_model_field};
 use crate::upstream::Upstream;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
@@ -35,6 +35,11 @@ impl RequestError {
             status,
             detail: detail.into(),
         }
+    }
+
+    /// Routing's refusal (an unservable `model`, an unknown `task`), as upstream answers it.
+    pub fn from_route(e: RouteError) -> Self {
+        Self::new(e.status(), e.to_string())
     }
 
     /// Upstream's 500 for failures that are not the client's (`inference failed`).
@@ -248,8 +253,7 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
         ));
     }
     // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above.
-    let resolve_model =
-        || resolve_model_field(body.get("model"), upstream).map_err(|e| RequestError::new(e.status(), e.to_string()));
+    let resolve_model = || resolve_model_field(body.get("model"), upstream).map_err(RequestError::from_route);
     let (model, controls) = match upstream {
         Upstream::V0_3_20 => (resolve_model()?, Controls::default()),
         Upstream::V0_4_15 => {
