@@ -83,7 +83,8 @@ pub fn prepare<'a>(
         lang: controls.lang.as_deref(),
         lang_guess: controls.lang_guess.as_deref(),
     };
-    let routing = route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)?;
+    let routing =
+        route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)?;
     let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
         RequestError::new(
             503,

@@ -453,7 +453,8 @@ pub fn parse_questions(questions: &Map<String, Value>, upstream: Upstream) -> Re
             if def["type"] == "choice"
                 && let Some(Value::Array(labels)) = def.get("criteria")
             {
-                check_label_keys(labels).map_err(|text| QuestionError(format!("question {}: {text}", py_repr_str(id))))?;
+                check_label_keys(labels)
+                    .map_err(|text| QuestionError(format!("question {}: {text}", py_repr_str(id))))?;
             }
         }
     }
@@ -547,11 +548,29 @@ mod tests {
             err(json!({"q": {"type": "noul", "instructions": []}})),
             "question 'q': 'instructions' must not be empty; add the text the model should answer"
         );
-        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [1, true]}})).contains("choice label 1 (True) repeats label 0"));
-        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": ["a", null]}})).starts_with("question 'q': choice label 1 is null"));
-        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [["a"]]}})).starts_with("question 'q': choice label 0 is a list"));
-        assert!(err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [0, "0"]}})).contains("same answer key '0' as label 0 (0)"));
-        for order in [json!([0, 0]), json!([1]), json!([1.0, 0]), json!([true, 0]), json!(null)] {
+        assert!(
+            err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [1, true]}}))
+                .contains("choice label 1 (True) repeats label 0")
+        );
+        assert!(
+            err(json!({"q": {"type": "choice", "instructions": "x", "criteria": ["a", null]}}))
+                .starts_with("question 'q': choice label 1 is null")
+        );
+        assert!(
+            err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [["a"]]}}))
+                .starts_with("question 'q': choice label 0 is a list")
+        );
+        assert!(
+            err(json!({"q": {"type": "choice", "instructions": "x", "criteria": [0, "0"]}}))
+                .contains("same answer key '0' as label 0 (0)")
+        );
+        for order in [
+            json!([0, 0]),
+            json!([1]),
+            json!([1.0, 0]),
+            json!([true, 0]),
+            json!(null),
+        ] {
             let e = err(json!({"q": {"type": "noul", "instructions": "x", "option_order": order.clone()}}));
             assert_eq!(
                 e,
@@ -568,10 +587,15 @@ mod tests {
         .expect("valid");
         assert_eq!(qs[0].options, ["1", "2.5", "False"]);
         assert_eq!(qs[0].option_order, Some(vec![2, 0, 1]));
-        let AnswerKeys::Choice(labels) = &qs[0].keys else { panic!("a choice") };
+        let AnswerKeys::Choice(labels) = &qs[0].keys else {
+            panic!("a choice")
+        };
         let keys: Vec<&str> = labels.iter().map(|l| l.key.as_str()).collect();
         assert_eq!(keys, ["1", "2.5", "false"]);
         assert_eq!(labels[0].value, json!(1));
-        assert_eq!(qs[1].keys, AnswerKeys::Score(vec![json!("low"), json!("1"), json!("{\"a\": 1}")]));
+        assert_eq!(
+            qs[1].keys,
+            AnswerKeys::Score(vec![json!("low"), json!("1"), json!("{\"a\": 1}")])
+        );
     }
 }

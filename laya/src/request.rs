@@ -577,22 +577,42 @@ mod tests {
         // Option limits, per question, then the total, then the state's size.
         let choice = |n: usize| {
             let labels: Vec<String> = (0..n).map(|i| format!("\"l{i}\"")).collect();
-            format!(r#"{{"type": "choice", "instructions": "x", "criteria": [{}]}}"#, labels.join(","))
+            format!(
+                r#"{{"type": "choice", "instructions": "x", "criteria": [{}]}}"#,
+                labels.join(",")
+            )
         };
         let body = format!(r#"{{"state": "x", "questions": {{"a": {}}}}}"#, choice(101));
-        assert_eq!(newer(&body), (413, "too many choice options for 'a' (101 > 100)".to_owned()));
+        assert_eq!(
+            newer(&body),
+            (413, "too many choice options for 'a' (101 > 100)".to_owned())
+        );
         let body = format!(
             r#"{{"state": "x", "questions": {{"a": {}, "b": {}, "c": {}, "d": {}, "e": {}, "f": {}}}}}"#,
-            choice(100), choice(100), choice(100), choice(100), choice(100), choice(13)
+            choice(100),
+            choice(100),
+            choice(100),
+            choice(100),
+            choice(100),
+            choice(13)
         );
-        assert_eq!(newer(&body), (413, "too many answer options across questions (513 > 512)".to_owned()));
+        assert_eq!(
+            newer(&body),
+            (413, "too many answer options across questions (513 > 512)".to_owned())
+        );
         let levels = vec!["\"x\""; 33].join(",");
         let body = format!(r#"{{"state": "x", "questions": {{"s": {{"type": "score", "criteria": [{levels}]}}}}}}"#);
-        assert_eq!(newer(&body), (413, "too many score levels for 's' (33 > 32)".to_owned()));
+        assert_eq!(
+            newer(&body),
+            (413, "too many score levels for 's' (33 > 32)".to_owned())
+        );
         let body = r#"{"state": "x", "questions": {"s": {"type": "score", "criteria": ["a", null]}}}"#;
         assert_eq!(
             newer(body),
-            (422, "score question 's' has a null level at index 1; give every level a description".to_owned())
+            (
+                422,
+                "score question 's' has a null level at index 1; give every level a description".to_owned()
+            )
         );
         // Hook fields (sorted, nulls ignored), then lone surrogates, then `model`, then controls.
         let body = r#"{"state": "x", "questions": {}, "on_predict_start": 1, "hooks": [], "hooks_raise": null, "max_len": "x"}"#;
@@ -604,25 +624,45 @@ mod tests {
         let body = r#"{"state": "x", "questions": {}, "extra\udc00": 1, "model": "./ckpt"}"#;
         assert_eq!(
             newer(body),
-            (400, "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8".to_owned())
+            (
+                400,
+                "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8".to_owned()
+            )
         );
-        assert_eq!(newer(r#"{"state": "x", "questions": {}, "model": "./ckpt", "max_len": 0}"#).0, 422);
-        assert!(newer(r#"{"state": "x", "questions": {}, "model": "./ckpt", "max_len": 0}"#).1.starts_with("unknown model './ckpt'"));
+        assert_eq!(
+            newer(r#"{"state": "x", "questions": {}, "model": "./ckpt", "max_len": 0}"#).0,
+            422
+        );
+        assert!(
+            newer(r#"{"state": "x", "questions": {}, "model": "./ckpt", "max_len": 0}"#)
+                .1
+                .starts_with("unknown model './ckpt'")
+        );
         // A surrogate pair is an ordinary character, and an escaped backslash is no escape.
         assert_eq!(newer(r#"{"state": "\ud83d\ude00 \\ud800", "questions": {}}"#).0, 200);
         // 0.3.20 knows none of this: no state needed, controls ignored, lone surrogates not JSON.
         assert_eq!(status(br#"{"questions": {}, "max_len": "x", "hooks": 1}"#).0, 200);
-        assert_eq!(status(br#"{"questions": {}, "state": "\udc00"}"#).1, "request body must be valid JSON");
+        assert_eq!(
+            status(br#"{"questions": {}, "state": "\udc00"}"#).1,
+            "request body must be valid JSON"
+        );
     }
 
     #[test]
     fn the_0_4_15_state_length_is_its_json_text_or_a_lower_bound() {
         // `"` is one character in repr but two in JSON: 0.4.15 counts the JSON.
-        let body = format!(r#"{{"state": {{"k": "{}"}}, "questions": {{}}}}"#, "\\\"".repeat(30_000));
+        let body = format!(
+            r#"{{"state": {{"k": "{}"}}, "questions": {{}}}}"#,
+            "\\\"".repeat(30_000)
+        );
         assert_eq!(newer(&body), (413, "state too large (60009 > 50000 chars)".to_owned()));
         assert_eq!(status(body.as_bytes()).0, 200);
         // A long string found by the probe is reported as the probe's (understated) sum.
-        let body = format!(r#"{{"state": ["{}", "{}"], "questions": {{}}}}"#, "a".repeat(30_000), "b".repeat(30_000));
+        let body = format!(
+            r#"{{"state": ["{}", "{}"], "questions": {{}}}}"#,
+            "a".repeat(30_000),
+            "b".repeat(30_000)
+        );
         assert_eq!(newer(&body), (413, "state too large (60000 > 50000 chars)".to_owned()));
     }
 
@@ -631,16 +671,34 @@ mod tests {
         let with = |controls: &str| newer(&format!(r#"{{"state": "x", "questions": {{}}, {controls}}}"#));
         assert_eq!(with(r#""max_len": true"#).1, "max_len must be an integer");
         assert_eq!(with(r#""max_len": 2.0"#).1, "max_len must be an integer");
-        assert_eq!(with(r#""head_max_len": -3"#).1, "head_max_len must be a positive integer");
-        assert_eq!(with(r#""max_len": 8193"#).1, "max_len exceeds server limit (8193 > 8192)");
+        assert_eq!(
+            with(r#""head_max_len": -3"#).1,
+            "head_max_len must be a positive integer"
+        );
+        assert_eq!(
+            with(r#""max_len": 8193"#).1,
+            "max_len exceeds server limit (8193 > 8192)"
+        );
         assert_eq!(
             with(r#""max_len": 100000000000000000000000"#).1,
             "max_len exceeds server limit (100000000000000000000000 > 8192)"
         );
-        assert_eq!(with(r#""lang": 5"#).1, "lang must be a language code string such as \"de\", or null");
-        assert_eq!(with(r#""lang_guess": ["en"]"#).1, "lang_guess must be a language code string such as \"de\", or null");
-        assert_eq!(with(r#""min_confidence": 1.5"#).1, "min_confidence must be a float in [0.0, 1.0], got 1.5");
-        assert_eq!(with(r#""min_confidence": true"#).1, "min_confidence must be a float in [0.0, 1.0], got True");
+        assert_eq!(
+            with(r#""lang": 5"#).1,
+            "lang must be a language code string such as \"de\", or null"
+        );
+        assert_eq!(
+            with(r#""lang_guess": ["en"]"#).1,
+            "lang_guess must be a language code string such as \"de\", or null"
+        );
+        assert_eq!(
+            with(r#""min_confidence": 1.5"#).1,
+            "min_confidence must be a float in [0.0, 1.0], got 1.5"
+        );
+        assert_eq!(
+            with(r#""min_confidence": true"#).1,
+            "min_confidence must be a float in [0.0, 1.0], got True"
+        );
         assert_eq!(
             with(r#""min_confidence": {}"#).1,
             "a min_confidence map must be a non-empty dict of bucket -> float, got {}"
@@ -659,6 +717,9 @@ mod tests {
         assert_eq!(ok.controls.task, Some(Value::from("")));
         assert_eq!(ok.controls.lang.as_deref(), Some("de"));
         let threshold = ok.controls.min_confidence.expect("a threshold");
-        assert_eq!((threshold.threshold("noul:2"), threshold.threshold("choice:2")), (0.9, 1.0));
+        assert_eq!(
+            (threshold.threshold("noul:2"), threshold.threshold("choice:2")),
+            (0.9, 1.0)
+        );
     }
 }
