@@ -222,12 +222,40 @@ impl ScriptReading {
         })
     }
 
+    /// The detection of Latin text, from a release's Latin evidence and the language it settled on
+    /// (0.4.15 may veto the one the stop words named).
+    fn latin(&self, upstream: Upstream, language: Option<&'static str>, evidence: &LatinEvidence) -> Detection {
+        let undecided = language.is_none();
+        Detection {
+            upstream,
+            script: self.script.to_owned(),
+            script_profile: self.owned_profile(),
+            language,
+            is_english: language == Some("en") || (undecided && !evidence.looks_non_english),
+            language_undecided: undecided,
+            diacritic_rate: round4(evidence.diacritic_rate),
+            non_latin_fraction: self.non_latin,
+            mixed_segment: None,
+        }
+    }
+
     fn owned_profile(&self) -> Vec<(String, f64)> {
         self.profile
             .iter()
             .map(|(s, share)| ((*s).to_owned(), *share))
             .collect()
     }
+}
+
+/// What a release's `latin_profile` tells `analyse`.
+struct LatinEvidence {
+    /// The named language, or `None` when undecided.
+    language: Option<&'static str>,
+    /// Non-English letters over the length of the lower-cased text (not yet rounded).
+    diacritic_rate: f64,
+    /// The text looks non-English without a named language: non-English diacritics (0.4.15 also:
+    /// an undecided Nordic word with no English-only word beside it).
+    looks_non_english: bool,
 }
 
 /// `_non_latin_carries`: whether the non-Latin letters of a Latin-plurality text carry it.

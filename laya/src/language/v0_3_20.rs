@@ -4,8 +4,10 @@
 use serde_json::Value;
 
 use super::tables::{self, StopLists};
-use super::{Detection, NON_EN_DIACRITIC_RATE, ScriptReading, diacritic_rate, lowered, prose_words, state_text};
-use crate::python_text::{py_char, round4};
+use super::{
+    Detection, LatinEvidence, NON_EN_DIACRITIC_RATE, ScriptReading, diacritic_rate, lowered, prose_words, state_text,
+};
+use crate::python_text::py_char;
 use crate::upstream::Upstream;
 
 /// `analyse(state)` of 0.3.20.
@@ -16,28 +18,7 @@ pub(super) fn analyse(state: Option<&Value>) -> Detection {
         return settled;
     }
     let evidence = latin_profile(&text);
-    let undecided = evidence.language.is_none();
-    Detection {
-        upstream: Upstream::V0_3_20,
-        script: reading.script.to_owned(),
-        script_profile: reading.owned_profile(),
-        language: evidence.language,
-        is_english: evidence.language == Some("en") || (undecided && !evidence.looks_non_english),
-        language_undecided: undecided,
-        diacritic_rate: round4(evidence.diacritic_rate),
-        non_latin_fraction: reading.non_latin,
-        mixed_segment: None,
-    }
-}
-
-/// What `latin_profile` tells `analyse`.
-struct LatinEvidence {
-    /// The named language, or `None` when undecided.
-    language: Option<&'static str>,
-    /// Non-English letters over the length of the lower-cased text (not yet rounded).
-    diacritic_rate: f64,
-    /// `diacritic_rate ≥ 0.02`.
-    looks_non_english: bool,
+    reading.latin(Upstream::V0_3_20, evidence.language, &evidence)
 }
 
 /// `latin_profile`: stop-word scores and the diacritic rate behind the Latin language guess.

@@ -13,11 +13,11 @@ use serde_json::Value;
 
 use super::tables::{self, EN_ONLY_0_4_15, V0_4_15, contains, stop_lists};
 use super::{
-    Detection, MAX_STATE_CHARS, NON_EN_DIACRITIC_RATE, NON_LATIN_MIN_LETTERS, ScriptReading, alpha_count,
-    diacritic_rate, has_non_latin_words, letter_words, lowered, non_latin_carries, prose_words, state_text,
-    string_leaves,
+    Detection, LatinEvidence, MAX_STATE_CHARS, NON_EN_DIACRITIC_RATE, NON_LATIN_MIN_LETTERS, ScriptReading,
+    alpha_count, diacritic_rate, has_non_latin_words, letter_words, lowered, non_latin_carries, prose_words,
+    state_text, string_leaves,
 };
-use crate::python_text::{py_char, py_len, py_prefix, py_strip, round4};
+use crate::python_text::{py_char, py_len, py_prefix, py_strip};
 use crate::upstream::Upstream;
 
 /// Above this diacritic rate English function words no longer rescue a text
@@ -108,28 +108,7 @@ fn analyse_text(text: &str) -> Detection {
             }
         }
     }
-    let undecided = language.is_none();
-    Detection {
-        upstream: Upstream::V0_4_15,
-        script: reading.script.to_owned(),
-        script_profile: reading.owned_profile(),
-        language,
-        is_english: language == Some("en") || (undecided && !evidence.looks_non_english),
-        language_undecided: undecided,
-        diacritic_rate: round4(evidence.diacritic_rate),
-        non_latin_fraction: reading.non_latin,
-        mixed_segment: None,
-    }
-}
-
-/// What `latin_profile` tells `analyse`.
-struct LatinEvidence {
-    /// The named language, or `None` when undecided.
-    language: Option<&'static str>,
-    /// Non-English letters over the length of the lower-cased text (not yet rounded).
-    diacritic_rate: f64,
-    /// Non-English diacritics, or (undecided) a Nordic word with no English-only word beside it.
-    looks_non_english: bool,
+    reading.latin(Upstream::V0_4_15, language, &evidence)
 }
 
 /// `_latin_profile` of 0.4.15: stop-word scores, the diacritic rate, and the Swedish, Nordic,
