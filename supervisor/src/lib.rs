@@ -83,7 +83,7 @@ pub async fn run(
     let served = match Server::bind(&config, checkpoints, backend).await {
         Ok(server) => {
             if let Ok(addr) = server.local_addr() {
-                tracing::info!(%addr, "listening");
+                tracing::info!(%addr, "listening; answering like laya[serve]=={}", config.compat.upstream);
                 let record = InstanceRecord {
                     pid: std::process::id(),
                     listen: addr,
