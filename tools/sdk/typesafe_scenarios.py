@@ -42,7 +42,7 @@ SDK_REQUIREMENT = "typesafe-sdk[zstd]==0.7.5"
 SDK_VERSION = "0.7.5"
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = "/work/venvs/typesafe"
-DEFAULT_BIN_DIR = "/work/target-check/release"
+DEFAULT_BIN_DIR = str(REPO / "target" / "release")  # `cargo build --release --bins`
 DEFAULT_HF_HOME = REPO / "tests" / "fixtures" / "hf-cache"
 SERVER_KEY = "layad-sdk-scenarios-key"
 REEXEC_MARK = "LAYAD_SDK_SCENARIOS_REEXEC"
