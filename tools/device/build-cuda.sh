@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds here a linked release `layad-worker-gpu --features cuda` for compute capability 9.0 (the
+# H200), prints its path on the last line of stdout, and checks with `readelf -d` that it needs only
+# shared libraries an H200 machine with a CUDA 13.0 driver and CUDA 13 libraries (torch's nvidia/*
+# wheels) provides. Nothing here runs it: no GPU, no driver.
+#
+# Why build here rather than on the H200 from carried, vendored sources: the H200 machine has nvcc
+# 13.0 but no network and a 15-minute window; vendored crates plus a cold release build there would
+# spend most of that window compiling. The binary built here is carried instead (with
+# `libs/` beside it only if the H200 lacks a library; see tools/device/cuda-check.sh).
+#
+# Linking: candle turns on cudarc's `dynamic-linking`, so the linker wants libcuda, libcudart,
+# libnvrtc, libcurand, libcublas and libcublasLt:
+# - libcudart, libnvrtc, libcurand, libcublas, libcublasLt: the real CUDA 13.0 libraries from PyPI
+#   wheels (tools/device/cuda-toolkit.sh --libs), linked through unversioned symlinks, so the
+#   binary records their sonames (libcublas.so.13, ...).
+# - libcuda (the driver, in no wheel): a stub made here with soname libcuda.so.1 that defines every
+#   driver function cudarc 0.19.10 declares (the toolkit's own stubs/libcuda.so is the same kind of
+#   thing). The H200's driver provides the real one; the stub is never carried.
+# Every kernel is compiled for real (no stand-ins; see tools/device/nvcc-cache), cached across builds.
+#
+#   tools/device/build-cuda.sh            build, check, print the binary's path
+#   BUILD_CUDA_TARGET_DIR=...             target directory (default target/build-cuda)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+cuda_home="$(tools/device/cuda-toolkit.sh)"
+lib_dirs="$(tools/device/cuda-toolkit.sh --libs)"
+cache="${LAYAD_CUDA_CACHE:-$HOME/.cache/layad-cuda}"
+cudarc_sys="$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -path '*/cudarc-0.19.10/src/driver/sys/mod.rs' | head -n 1)"
+if [[ -z "$cudarc_sys" ]]; then
+    cargo fetch --locked >/dev/null
+    cudarc_sys="$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -path '*/cudarc-0.19.10/src/driver/sys/mod.rs' | head -n 1)"
+fi
+[[ -n "$cudarc_sys" ]] || { echo "build-cuda: cudarc 0.19.10's sources are not in the cargo registry" >&2; exit 1; }
+
+# The link directory: unversioned names for the linker, the libcuda stub.
+link="$cache/link-13.0"
+rm -rf "$link"
+mkdir -p "$link/lib"
+for dir in "$cuda_home/lib" $lib_dirs; do
+    for so in "$dir"/lib*.so.*; do
+        base="$(basename "$so")"
+        case "$base" in
+            libcudart.so.13 | libcublas.so.13 | libcublasLt.so.13 | libcurand.so.10 | libnvrtc.so.13)
+                ln -sf "$so" "$link/lib/${base%%.so.*}.so"
+                ;;
+        esac
+    done
+done
+stub_c="$link/libcuda-stub.c"
+{
+    echo '/* Link-time stand-in for the CUDA driver (libcuda.so.1): every driver function cudarc 0.19.10'
+    echo '   declares, each answering CUDA_ERROR_UNKNOWN (999). Never loaded: the real driver is. */'
+    grep -oP '^\s+fn \Kcu\w+(?=\()' "$cudarc_sys" | sort -u | sed 's/.*/int &(void) { return 999; }/'
+} >"$stub_c"
+cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/lib/libcuda.so" "$stub_c"
+for name in cuda cudart cublas cublasLt curand nvrtc; do
+    [[ -e "$link/lib/lib$name.so" ]] || { echo "build-cuda: no lib$name.so to link against in $link/lib" >&2; exit 1; }
+done
+
+export CUDA_HOME="$cuda_home"
+# cudarc adds <root>/lib of every CUDA_* root it is given to the linker's search path.
+export CUDA_ROOT="$link"
+export CUDA_COMPUTE_CAP=90
+export CUDARC_CUDA_VERSION=13000
+export LAYAD_NVCC_REAL="$cuda_home/bin/nvcc"
+export NVCC="$PWD/tools/device/nvcc-cache"
+unset LAYAD_NVCC_STANDIN
+export CARGO_TARGET_DIR="${BUILD_CUDA_TARGET_DIR:-$PWD/target/build-cuda}"
+started=$(date +%s)
+cargo build --release --locked -p layad-worker-gpu --features cuda --bin layad-worker-gpu >&2
+binary="$CARGO_TARGET_DIR/release/layad-worker-gpu"
+echo "build-cuda: built in $(($(date +%s) - started)) s" >&2
+
+# What an H200 machine with a CUDA 13.0 driver and torch's CUDA 13 wheels provides (libcuda.so.1
+# from the driver; the others from nvidia/cu13/lib), plus the C and C++ runtimes every Linux has.
+allowed='^(libcuda\.so\.1|libcudart\.so\.13|libcublas\.so\.13|libcublasLt\.so\.13|libcurand\.so\.10|libnvrtc\.so\.13|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2)$'
+needed="$(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')"
+echo "build-cuda: NEEDED: $(echo "$needed" | tr '\n' ' ')" >&2
+unexpected="$(echo "$needed" | grep -Ev "$allowed" || true)"
+if [[ -n "$unexpected" ]]; then
+    echo "build-cuda: the binary needs libraries an H200 machine may not have: $unexpected" >&2
+    exit 1
+fi
+# Libraries nothing references are dropped (--as-needed); these two every CUDA forward calls.
+for soname in libcuda.so.1 libcublas.so.13; do
+    echo "$needed" | grep -qx "${soname//./\\.}" || {
+        echo "build-cuda: the binary does not need $soname: did it link CUDA at all?" >&2
+        exit 1
+    }
+done
+# The C library the H200 machine must have at least (its distribution's glibc).
+echo "build-cuda: needs glibc >= $(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -n 1 | cut -d_ -f2) (this machine: $(ldd --version | head -n 1 | grep -o '[0-9.]*$'))" >&2
+# The driver functions the binary binds at start (full RELRO binds them all before main).
+echo "build-cuda: driver functions bound at start: $(nm -D --undefined-only "$binary" | grep -c ' cu[A-Z]')" >&2
+echo "$binary"
