@@ -104,6 +104,19 @@ impl PlacementReport {
     }
 }
 
+/// A GPU as its driver describes it (Describe's `gpu`, shown in the supervisor's `/health`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// The driver's name for it, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Total device memory, in bytes.
+    pub total_memory_bytes: u64,
+    /// CUDA compute capability `(major, minor)`; `None` for GPUs that have none.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Whether float32 matrix products may accumulate in reduced precision (TF32).
+    pub tf32: bool,
+}
+
 /// Why a forward failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -132,6 +145,18 @@ pub trait Engine: Send + 'static {
     /// On the CPU, the SIMD kernel family the matrix products run on (`avx512`, `avx2`, `gemm`);
     /// `None` on other devices and for engines that do not choose one.
     fn cpu_kernels(&self) -> Option<String> {
+        None
+    }
+
+    /// On a GPU, the device as its driver describes it; `None` on the CPU and for engines that do
+    /// not report it. Read once, after warm-up.
+    fn gpu(&self) -> Option<GpuInfo> {
+        None
+    }
+
+    /// Why the engine runs on another device than the one requested, in its own words; `None`
+    /// when it did not fall back. Read once, after warm-up.
+    fn device_fallback(&self) -> Option<String> {
         None
     }
 }

@@ -26,7 +26,7 @@ mod warmup;
 pub use args::WorkerArgs;
 pub use client::{ClientError, ForwardResult, SpawnedWorker, WorkerClient};
 pub use engine::{
-    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport,
+    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport, PlacementReport,
 };
 pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
 pub use rows::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for};

@@ -3,7 +3,7 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
-use crate::engine::{EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport};
+use crate::engine::{EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport, PlacementReport};
 
 tonic::include_proto!("layad.worker.v1");
 
@@ -94,6 +94,20 @@ impl ParityGate {
     }
 }
 
+impl From<&GpuInfo> for GpuDevice {
+    fn from(gpu: &GpuInfo) -> Self {
+        GpuDevice {
+            name: gpu.name.clone(),
+            total_memory_bytes: gpu.total_memory_bytes,
+            compute_capability: gpu
+                .compute_capability
+                .map(|(major, minor)| format!("{major}.{minor}"))
+                .unwrap_or_default(),
+            tf32: gpu.tf32,
+        }
+    }
+}
+
 impl WorkerState {
     /// Lower-case name used in log lines and messages: `loading`, `ready`, …
     pub fn label(self) -> &'static str {
@@ -105,5 +119,32 @@ impl WorkerState {
             WorkerState::Draining => "draining",
             WorkerState::Failed => "failed",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_is_described_with_its_compute_capability_as_major_dot_minor() {
+        let mut gpu = GpuInfo {
+            name: "NVIDIA H200".into(),
+            total_memory_bytes: 150_754_820_096,
+            compute_capability: Some((9, 0)),
+            tf32: false,
+        };
+        let wire = GpuDevice::from(&gpu);
+        assert_eq!(
+            (
+                wire.name.as_str(),
+                wire.total_memory_bytes,
+                wire.compute_capability.as_str(),
+                wire.tf32
+            ),
+            ("NVIDIA H200", 150_754_820_096, "9.0", false)
+        );
+        gpu.compute_capability = None;
+        assert_eq!(GpuDevice::from(&gpu).compute_capability, "");
     }
 }

@@ -154,6 +154,11 @@ pub struct WorkerStatus {
     /// CPU workers: the SIMD kernels their matrix products run on (`avx512`, `avx2`, `gemm`), once
     /// reported.
     pub cpu_kernels: Option<String>,
+    /// GPU workers: the device as its driver describes it (name, memory, compute capability), once
+    /// reported.
+    pub gpu: Option<layad_proto::pb::GpuDevice>,
+    /// Why the worker runs on another device than its pool asked for (it fell back), once reported.
+    pub device_fallback: Option<String>,
 }
 
 impl WorkerStatus {
@@ -173,6 +178,8 @@ impl WorkerStatus {
             warmup: Vec::new(),
             parity_gate: Vec::new(),
             cpu_kernels: None,
+            gpu: None,
+            device_fallback: None,
         }
     }
 }

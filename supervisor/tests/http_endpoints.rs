@@ -401,6 +401,8 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "device",
             "dtype",
             "cpu_kernels",
+            "gpu",
+            "device_fallback",
             "checkpoints",
             "restarts",
             "last_exit",
@@ -421,6 +423,12 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             worker["cpu_kernels"].as_str()
         ),
         (Some("cpu"), Some("f32"), Some("avx2"))
+    );
+    // The pool asked for `auto`; a worker that fell back from a GPU says why, and a CPU has no GPU facts.
+    assert_eq!(worker["gpu"], serde_json::Value::Null);
+    assert_eq!(
+        worker["device_fallback"],
+        "cuda:0 unavailable (no CUDA device); running on cpu"
     );
     assert_eq!(worker["restarts"], 2);
     assert_eq!(worker["last_exit"], "killed by SIGKILL");

@@ -139,7 +139,11 @@ impl SelectedDevice {
             DeviceRequest::Cpu => (Device::Cpu, None),
             DeviceRequest::Auto => {
                 let cuda = candle_core::utils::cuda_is_available()
-                    .then(|| Device::new_cuda(0).ok())
+                    .then(|| {
+                        crate::cuda::open(0)
+                            .inspect_err(|reason| tracing::warn!(%reason, "device auto: cuda:0 unusable"))
+                            .ok()
+                    })
                     .flatten();
                 let gpu = cuda.or_else(|| {
                     if !metal.compiled() {
@@ -155,7 +159,7 @@ impl SelectedDevice {
                 Ok(device) => (device, None),
                 Err(e) => (Device::Cpu, Some(format!("metal unavailable ({e}); running on cpu"))),
             },
-            DeviceRequest::Cuda(n) => match Device::new_cuda(n) {
+            DeviceRequest::Cuda(n) => match crate::cuda::open(n) {
                 Ok(device) => (device, None),
                 Err(e) => (Device::Cpu, Some(format!("cuda:{n} unavailable ({e}); running on cpu"))),
             },
@@ -314,6 +318,12 @@ mod tests {
                     .is_some_and(|r| r.starts_with("cuda:0 unavailable"))
             );
         }
+        // Without the feature the reason names the build, not a driver error.
+        #[cfg(not(feature = "cuda"))]
+        assert_eq!(
+            SelectedDevice::open(DeviceRequest::Cuda(1)).fallback.as_deref(),
+            Some(format!("cuda:1 unavailable ({}); running on cpu", crate::cuda::NOT_BUILT).as_str())
+        );
         if !candle_core::utils::metal_is_available() {
             let metal = SelectedDevice::open(DeviceRequest::Metal);
             assert!(

@@ -5,9 +5,10 @@ use candle_core::Device;
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
-    ForwardLimits, LoadedCheckpoint, ParityReport, bucket_for,
+    ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
 };
 
+use crate::cuda;
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
@@ -64,8 +65,10 @@ pub struct CandleEngine {
     /// The kernel family of CPU forwards (`None` on other devices).
     cpu_kernels: Option<CpuKernels>,
     models: Vec<NamedModel>,
-    /// The int8 gate each checkpoint passed at load (empty outside int8).
+    /// The parity gate each checkpoint passed at load (int8, f16, bf16; empty in f32).
     parity: Vec<ParityReport>,
+    /// The GPU forwards run on, as its driver describes it (`None` on the CPU).
+    gpu: Option<GpuInfo>,
     max_rows: u32,
     max_batch_tokens: u32,
     length_buckets: Vec<u32>,
@@ -102,6 +105,14 @@ impl CandleEngine {
         if let Some(reason) = &device.fallback {
             tracing::warn!(requested = %options.device, %reason, "device fallback");
         }
+        // A driver that cannot describe its device still runs it: the facts are for operators.
+        let gpu = cuda::describe(&device.device)
+            .inspect_err(|reason| tracing::warn!(%reason, "GPU not described"))
+            .ok()
+            .flatten();
+        if let Some(gpu) = &gpu {
+            tracing::info!(name = %gpu.name, memory_bytes = gpu.total_memory_bytes, compute_capability = ?gpu.compute_capability, tf32 = gpu.tf32, "GPU");
+        }
         let precision = options
             .precision
             .unwrap_or_else(|| Precision::default_for(&device.device, opened.iter().map(|(_, c)| c.agent.amp_dtype)));
@@ -125,13 +136,21 @@ impl CandleEngine {
         let mut parity = Vec::new();
         for (name, checkpoint) in &opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
-            // int8 loads float32, runs the gate's rows, quantizes and runs them again.
+            // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
+            // run the gate's rows against a float32 load on the CPU.
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
                 let mut model =
                     LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels)?;
                 let report = match precision {
                     Precision::Int8 => Some(gate::quantize_behind_gate(name, checkpoint, &mut model)?),
-                    _ => None,
+                    Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
+                        name,
+                        checkpoint,
+                        &model,
+                        precision,
+                        &device.label(),
+                    )?),
+                    Precision::F32 => None,
                 };
                 Ok((model, report))
             };
@@ -147,7 +166,7 @@ impl CandleEngine {
                     max_probability_diff = report.max_probability_diff,
                     max_act_probability_diff = report.max_act_probability_diff,
                     near_tie_flips = ?report.near_tie_flips,
-                    "int8 parity gate passed (against float32)"
+                    "{precision} parity gate passed (against float32)"
                 );
                 parity.push(report);
             }
@@ -178,6 +197,7 @@ impl CandleEngine {
             cpu_kernels,
             models,
             parity,
+            gpu,
             max_rows: options.max_rows,
             max_batch_tokens: options.max_batch_tokens,
             length_buckets: options.length_buckets,
@@ -238,6 +258,14 @@ impl Engine for CandleEngine {
 
     fn cpu_kernels(&self) -> Option<String> {
         self.cpu_kernels.map(|k| k.as_str().to_owned())
+    }
+
+    fn gpu(&self) -> Option<GpuInfo> {
+        self.gpu.clone()
+    }
+
+    fn device_fallback(&self) -> Option<String> {
+        self.device.fallback.clone()
     }
 
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {

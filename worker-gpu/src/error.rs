@@ -74,14 +74,16 @@ pub enum LoadError {
         /// candle's error.
         source: candle_core::Error,
     },
-    /// The checkpoint's int8 forward disagreed with its float32 forward beyond the parity gate, so
-    /// it is not served in int8.
+    /// The checkpoint's int8, f16 or bf16 forward disagreed with its float32 forward beyond the
+    /// parity gate, so it is not served in that precision.
     #[error(
-        "checkpoint '{name}': refused in int8, the parity gate against float32 failed on {rows} built-in rows: {reason}; serve it in f32"
+        "checkpoint '{name}': refused in {precision}, the parity gate against float32 failed on {rows} built-in rows: {reason}; serve it in f32"
     )]
     ParityGate {
         /// Name the checkpoint was given.
         name: String,
+        /// The precision refused: `int8`, `f16` or `bf16`.
+        precision: String,
         /// Rows compared.
         rows: u32,
         /// What exceeded the gate, with the numbers.

@@ -1,10 +1,12 @@
-//! The int8 load-time gate: built-in sample requests run through a checkpoint's float32 forward and
-//! then its int8 forward, compared with the shared parity rule before the checkpoint may be served.
+//! The load-time parity gate of reduced precisions: built-in sample requests run through a
+//! checkpoint's float32 forward and then its int8 (CPU) or f16/bf16 (any device) forward, compared
+//! with the shared parity rule before the checkpoint may be served in that precision.
 //!
 //! The reference is our own float32 forward (it matches upstream's goldens within 1e-4), so the gate
 //! needs no files beyond the checkpoint: the rows are built from the requests below exactly as the
 //! supervisor builds rows, with the checkpoint's own tokenizer and row limits.
 
+use candle_core::{DType, Device};
 use laya::checkpoint::Checkpoint;
 use laya::prompt::{RowLimits, build_rows};
 use laya::question::parse_questions;
@@ -12,6 +14,7 @@ use laya::request::{RequestLimits, parse_body};
 use laya::upstream::Upstream;
 use layad_proto::{EngineOutput, EngineRow, ParityReport};
 
+use crate::device::Precision;
 use crate::error::LoadError;
 use crate::model::LayaModel;
 use crate::parity::{self, GateSummary};
@@ -92,29 +95,94 @@ pub fn quantize_behind_gate(
     checkpoint: &Checkpoint,
     model: &mut LayaModel,
 ) -> Result<ParityReport, LoadError> {
-    let refuse = |problem: String| LoadError::Unsupported {
-        name: name.to_owned(),
-        problem: format!("int8 parity gate: {problem}"),
-    };
+    let refuse = refusal(name, Precision::Int8);
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let forward = |model: &LayaModel, precision: &str| -> Result<Vec<EngineOutput>, LoadError> {
-        let mut outputs = Vec::new();
-        for rows in &batches {
-            outputs.extend(
-                model
-                    .forward(rows)
-                    .map_err(|e| refuse(format!("{precision} forward failed: {e}")))?,
-            );
-        }
-        Ok(outputs)
-    };
-    let reference = forward(model, "float32")?;
+    let reference = run(model, &batches, "float32", &refuse)?;
     model
         .quantize_encoder()
         .map_err(|e| refuse(format!("quantizing the encoder: {e}")))?;
-    let ours = forward(model, "int8")?;
+    let ours = run(model, &batches, "int8", &refuse)?;
+    judge(
+        name,
+        checkpoint,
+        Precision::Int8,
+        "candle cpu int8 (reference: candle cpu f32)".to_owned(),
+        &batches,
+        &reference,
+        &ours,
+    )
+}
+
+/// Runs the gate on `model`, loaded in f16 or bf16 on `device_label` (`cpu`, `cuda:0`, `metal`),
+/// against the same checkpoint loaded in float32 on the CPU (the forward that matches upstream's
+/// goldens within 1e-4). On success the report says how close it came; otherwise the checkpoint is
+/// refused with the numbers. The reference model is dropped before this returns.
+pub fn half_precision_behind_gate(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &LayaModel,
+    precision: Precision,
+    device_label: &str,
+) -> Result<ParityReport, LoadError> {
+    let refuse = refusal(name, precision);
+    if !matches!(precision, Precision::F16 | Precision::Bf16) {
+        return Err(refuse(format!("{precision} is not a half precision")));
+    }
+    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
+    let reference = {
+        let f32_model = LayaModel::load(name, checkpoint, &Device::Cpu, DType::F32)?;
+        run(&f32_model, &batches, "float32", &refuse)?
+    };
+    let ours = run(model, &batches, precision.as_str(), &refuse)?;
+    judge(
+        name,
+        checkpoint,
+        precision,
+        format!("candle {device_label} {precision} (reference: candle cpu f32)"),
+        &batches,
+        &reference,
+        &ours,
+    )
+}
+
+/// How a failed step of the gate refuses the checkpoint.
+fn refusal(name: &str, precision: Precision) -> impl Fn(String) -> LoadError + '_ {
+    move |problem| LoadError::Unsupported {
+        name: name.to_owned(),
+        problem: format!("{precision} parity gate: {problem}"),
+    }
+}
+
+/// Every gate batch through `model`, outputs in row order.
+fn run(
+    model: &LayaModel,
+    batches: &[Vec<EngineRow>],
+    precision: &str,
+    refuse: &impl Fn(String) -> LoadError,
+) -> Result<Vec<EngineOutput>, LoadError> {
+    let mut outputs = Vec::new();
+    for rows in batches {
+        outputs.extend(
+            model
+                .forward(rows)
+                .map_err(|e| refuse(format!("{precision} forward failed: {e}")))?,
+        );
+    }
+    Ok(outputs)
+}
+
+/// The shared parity rule over every gate row: the report when it passes, the refusal otherwise.
+fn judge(
+    name: &str,
+    checkpoint: &Checkpoint,
+    precision: Precision,
+    executor: String,
+    batches: &[Vec<EngineRow>],
+    reference: &[EngineOutput],
+    ours: &[EngineOutput],
+) -> Result<ParityReport, LoadError> {
     let mut summary = GateSummary::default();
-    for (index, ((row, want), got)) in batches.iter().flatten().zip(&reference).zip(&ours).enumerate() {
+    for (index, ((row, want), got)) in batches.iter().flatten().zip(reference).zip(ours).enumerate() {
         let temperature = parity::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
         let index = u32::try_from(index).unwrap_or(u32::MAX);
         summary.add(
@@ -122,23 +190,72 @@ pub fn quantize_behind_gate(
             &parity::compare(got, &want.logits, &want.act_probabilities, temperature),
         );
     }
+    summary_to_report(name, precision, executor, &summary)
+}
+
+/// The report of a gate that passed, or the refusal of one that failed.
+fn summary_to_report(
+    name: &str,
+    precision: Precision,
+    executor: String,
+    summary: &GateSummary,
+) -> Result<ParityReport, LoadError> {
     if let Some(reason) = summary.failure() {
         return Err(LoadError::ParityGate {
             name: name.to_owned(),
+            precision: precision.as_str().to_owned(),
             rows: summary.rows,
             reason,
         });
     }
     Ok(ParityReport {
         checkpoint: name.to_owned(),
-        executor: "candle cpu int8 (reference: candle cpu f32)".to_owned(),
+        executor,
         rows: summary.rows,
         skipped_rows: 0,
         tolerance: parity::TOLERANCE,
         max_probability_diff: summary.max_probability_diff,
         max_act_probability_diff: summary.max_act_probability_diff,
         hard_mismatches: 0,
-        near_tie_flips: summary.near_tie_flips,
+        near_tie_flips: summary.near_tie_flips.clone(),
         placement: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(index: u32, probability_diff: f64) -> (u32, parity::RowComparison) {
+        (
+            index,
+            parity::RowComparison {
+                probability_diff,
+                act_diff: 0.001,
+                flipped: false,
+                upstream_margin: 0.5,
+                finite: true,
+            },
+        )
+    }
+
+    #[test]
+    fn a_failed_half_precision_gate_refuses_the_checkpoint_naming_the_precision() {
+        let mut summary = GateSummary::default();
+        for (index, comparison) in [row(0, 0.004), row(1, 0.031)] {
+            summary.add(index, &comparison);
+        }
+        let error = summary_to_report("english", Precision::Bf16, "candle cuda:0 bf16".into(), &summary)
+            .expect_err("0.031 > 0.02");
+        let message = error.to_string();
+        assert!(message.contains("refused in bf16"), "{message}");
+        assert!(message.contains("probability differs by 0.03100"), "{message}");
+
+        let mut passing = GateSummary::default();
+        passing.add(0, &row(0, 0.004).1);
+        let report =
+            summary_to_report("english", Precision::F16, "candle cuda:0 f16".into(), &passing).expect("0.004 passes");
+        assert_eq!((report.rows, report.executor.as_str()), (1, "candle cuda:0 f16"));
+        assert!((report.max_probability_diff - 0.004).abs() < 1e-12);
+    }
 }

@@ -1,6 +1,6 @@
 //! The candle engine: Laya's ModernBERT encoder, decision head and act head on CPU, Metal or CUDA,
-//! matching upstream PyTorch (`laya[serve]==0.3.20`) in float32, running f16/bf16 on GPUs and int8
-//! (behind a parity gate) on the CPU.
+//! matching upstream PyTorch (`laya[serve]==0.3.20`) in float32, running f16/bf16 (on any device) and
+//! int8 (on the CPU) behind a parity gate against float32.
 //!
 //! Layout:
 //! - [`engine`]: [`CandleEngine`], the [`layad_proto::Engine`] the worker binary serves — loading named
@@ -12,15 +12,18 @@
 //!   `decision_head` (head layers, scorer, act head), `batch` (right-padded rows).
 //! - `layers`: linear, LayerNorm, RoPE tables and attention with cached masks (banded for long
 //!   sliding-window rows).
+//! - [`cuda`]: CUDA math settings (TF32 off) and the device's name, memory and compute capability.
 //! - [`parity`]: the parity gate's rule (shared with the Neural Engine worker); [`gate`]: the
-//!   int8 gate every checkpoint passes at load before it is served in `dtype = "int8"`.
+//!   gate every checkpoint passes at load before it is served in `int8`, `f16` or `bf16`.
 //! - `weights`: strict reading of `model.safetensors`; [`error`]: [`LoadError`].
 //!
 //! Verified on x86-64 Linux CPUs only (f32, f16, bf16 against upstream's goldens). The Metal path
 //! (macOS builds enable candle's `metal` feature) is type-checked for `aarch64-apple-darwin` in CI
-//! (`.ci/check-macos`) and the CUDA path (`--features cuda`, needs the CUDA toolkit to build) uses
-//! only candle ops with CUDA kernels; neither has ever run.
+//! (`.ci/check-macos`); the CUDA path (`--features cuda`) is clippy-checked for compute capability
+//! 9.0 in CI (`.ci/check-cuda`) and links (`tools/device/build-cuda.sh`). Neither has ever run on
+//! a GPU.
 
+pub mod cuda;
 pub mod device;
 pub mod engine;
 pub mod error;

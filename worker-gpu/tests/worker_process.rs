@@ -629,6 +629,25 @@ async fn a_missing_device_is_refused_with_require_device_and_reported_without() 
         ),
         ("cpu", requested, true)
     );
+    // The engine's own reason reaches Describe (and from there the supervisor's /health); a CPU
+    // has no GPU facts.
+    let reason = info.device_fallback.as_deref().unwrap_or_default();
+    assert!(
+        reason.starts_with(&format!("{requested} unavailable (")) && reason.ends_with("); running on cpu"),
+        "{reason}"
+    );
+    assert_eq!(info.gpu, None);
+
+    // CUDA off a CUDA build: the reason names the build, not a driver.
+    if !cfg!(feature = "cuda") {
+        let mut cuda = Worker::start(&["--device", "cuda:1"]);
+        let (client, _) = cuda.ready().await;
+        let info = client.describe().await.expect("describe");
+        assert_eq!(
+            info.device_fallback.as_deref(),
+            Some(format!("cuda:1 unavailable ({}); running on cpu", worker_gpu::cuda::NOT_BUILT).as_str())
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

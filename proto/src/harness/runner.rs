@@ -26,6 +26,10 @@ pub(crate) struct Started {
     pub(crate) parity: Option<pb::ParityGate>,
     /// The engine's CPU kernel family, if it reports one.
     pub(crate) cpu_kernels: Option<String>,
+    /// The GPU the engine runs on, if it reports one.
+    pub(crate) gpu: Option<pb::GpuDevice>,
+    /// Why the engine fell back to another device than requested, if it did and says why.
+    pub(crate) device_fallback: Option<String>,
 }
 
 /// The answer to one batch.
@@ -139,6 +143,8 @@ where
     );
     let parity = pb::ParityGate::from_reports(&engine.parity());
     let cpu_kernels = engine.cpu_kernels();
+    let gpu = engine.gpu().as_ref().map(pb::GpuDevice::from);
+    let device_fallback = engine.device_fallback();
     Ok((
         engine,
         Started {
@@ -146,6 +152,8 @@ where
             warmup,
             parity,
             cpu_kernels,
+            gpu,
+            device_fallback,
         },
     ))
 }

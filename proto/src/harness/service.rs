@@ -65,6 +65,8 @@ impl Shared {
             parity_gate: started.parity,
             spawn_nonce: options.spawn_nonce.clone(),
             cpu_kernels: started.cpu_kernels,
+            gpu: started.gpu,
+            device_fallback: started.device_fallback,
         };
         Shared {
             status,

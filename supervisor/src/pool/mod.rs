@@ -77,6 +77,10 @@ pub struct WorkerReport {
     pub parity_gate: Vec<pb::CheckpointParity>,
     /// CPU workers: the SIMD kernels its matrix products run on.
     pub cpu_kernels: Option<String>,
+    /// GPU workers: the device as its driver describes it.
+    pub gpu: Option<pb::GpuDevice>,
+    /// Why the worker runs on another device than requested, in its own words.
+    pub device_fallback: Option<String>,
 }
 
 impl WorkerReport {
@@ -112,6 +116,8 @@ impl WorkerReport {
                 .collect(),
             parity_gate: info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default(),
             cpu_kernels: info.cpu_kernels.clone(),
+            gpu: info.gpu.clone(),
+            device_fallback: info.device_fallback.clone(),
         }
     }
 
@@ -401,6 +407,8 @@ impl Pool {
             record.warmup = report.warmup;
             record.parity_gate = report.parity_gate;
             record.cpu_kernels = report.cpu_kernels;
+            record.gpu = report.gpu;
+            record.device_fallback = report.device_fallback;
         }
         self.notify.notify_waiters();
         AdmittedWorker {

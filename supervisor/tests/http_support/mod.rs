@@ -179,6 +179,8 @@ impl Backend for GoldenBackend {
             warmup: Vec::new(),
             parity_gate: Vec::new(),
             cpu_kernels: ready.then(|| "avx2".to_owned()),
+            gpu: None,
+            device_fallback: ready.then(|| "cuda:0 unavailable (no CUDA device); running on cpu".to_owned()),
         };
         BackendStatus {
             pools: vec![PoolStatus {
