@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds here a linked release `layad-worker-gpu --features cuda` for compute capability 9.0 (the
-# H200), prints its path on the last line of stdout, and checks with `readelf -d` that it needs only
-# shared libraries an H200 machine with a CUDA 13.0 driver and CUDA 13 libraries (torch's nvidia/*
-# wheels) provides. Nothing here runs it: no GPU, no driver.
+# H200), with `layad-bench` and `layad-device-check` on the same CUDA engine (what
+# tools/device/cuda-check.sh runs in-process), prints the worker's path on the last line of stdout,
+# and checks with `readelf -d` that it needs only shared libraries an H200 machine with a CUDA 13.0
+# driver and CUDA 13 libraries (torch's nvidia/* wheels) provides. Nothing here runs it: no GPU, no
+# driver.
 #
 # Why build here rather than on the H200 from carried, vendored sources: the H200 machine has nvcc
 # 13.0 but no network and a 15-minute window; vendored crates plus a cold release build there would
@@ -69,13 +71,17 @@ export NVCC="$PWD/tools/device/nvcc-cache"
 unset LAYAD_NVCC_STANDIN
 export CARGO_TARGET_DIR="${BUILD_CUDA_TARGET_DIR:-$PWD/target/build-cuda}"
 started=$(date +%s)
-cargo build --release --locked -p layad-worker-gpu --features cuda --bin layad-worker-gpu >&2
+cargo build --release --locked -p layad-worker-gpu -p layad-engine-bench \
+    --features layad-worker-gpu/cuda,layad-engine-bench/cuda --bins >&2
 binary="$CARGO_TARGET_DIR/release/layad-worker-gpu"
 echo "build-cuda: built in $(($(date +%s) - started)) s" >&2
 
 # What an H200 machine with a CUDA 13.0 driver and torch's CUDA 13 wheels provides (libcuda.so.1
 # from the driver; the others from nvidia/cu13/lib), plus the C and C++ runtimes every Linux has.
 allowed='^(libcuda\.so\.1|libcudart\.so\.13|libcublas\.so\.13|libcublasLt\.so\.13|libcurand\.so\.10|libnvrtc\.so\.13|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libc\.so\.6|libm\.so\.6|ld-linux-x86-64\.so\.2)$'
+for tool in layad-bench layad-device-check; do
+    [[ -x "$CARGO_TARGET_DIR/release/$tool" ]] || { echo "build-cuda: no $tool built" >&2; exit 1; }
+done
 needed="$(readelf -d "$binary" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')"
 echo "build-cuda: NEEDED: $(echo "$needed" | tr '\n' ' ')" >&2
 unexpected="$(echo "$needed" | grep -Ev "$allowed" || true)"

@@ -38,6 +38,13 @@ struct Args {
     /// Compute threads of each server (layad's worker, upstream's torch).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// layad's pool device (`cpu`, `cuda`, `cuda:N`, `auto`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Directory of the worker binaries layad starts (`[workers] binary_dir`; e.g. the CUDA build's);
+    /// unset: beside `layad`.
+    #[arg(long)]
+    worker_dir: Option<PathBuf>,
     /// layad's pool dtype (`f32`, `bf16`, `int8`, ...).
     #[arg(long, default_value = "f32")]
     dtype: String,
@@ -47,6 +54,9 @@ struct Args {
     /// Python with `laya[serve]==0.3.20` (tools/bench/upstream-venv.sh); its `laya-serve` sits beside it.
     #[arg(long, default_value = "/work/upstream-venv/bin/python")]
     upstream_python: String,
+    /// `LAYA_DEVICE` for upstream (`cpu`, `cuda`).
+    #[arg(long, default_value = "cpu")]
+    upstream_device: String,
     /// `LAYA_CPU_AMP` for upstream (e.g. `bf16`); unset: upstream's f32.
     #[arg(long)]
     upstream_amp: Option<String>,
@@ -221,13 +231,20 @@ async fn throughput(addr: SocketAddr, body: Arc<String>, clients: usize, seconds
 }
 
 /// Upstream's server on `port`, loading only the `english` root of the fake cache.
-fn start_upstream(python: &str, hf_home: &Path, port: u16, threads: usize, amp: Option<&str>) -> Result<Child, String> {
+fn start_upstream(
+    python: &str,
+    hf_home: &Path,
+    port: u16,
+    threads: usize,
+    device: &str,
+    amp: Option<&str>,
+) -> Result<Child, String> {
     let bin = Path::new(python).with_file_name("laya-serve");
     let mut command = Command::new(&bin);
     command
         .env("HF_HOME", hf_home)
         .env("HF_HUB_OFFLINE", "1")
-        .env("LAYA_DEVICE", "cpu")
+        .env("LAYA_DEVICE", device)
         .env("LAYA_HOST", "127.0.0.1")
         .env("LAYA_PORT", port.to_string())
         .env("LAYA_MODELS", "english")
@@ -310,9 +327,19 @@ async fn run(args: Args) -> Result<(), String> {
         .batch_wait
         .as_ref()
         .map_or(String::new(), |w| format!("batch_wait = \"{w}\"\n"));
+    let binary_dir = match &args.worker_dir {
+        Some(dir) => {
+            let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            format!("binary_dir = {:?}\n", dir.to_string_lossy())
+        }
+        None => String::new(),
+    };
     let config = format!(
-        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"cpu\"\ndevice = \"cpu\"\nworkers = 1\nthreads = {}\ndtype = \"{}\"\n{batch_wait}\n[server]\nrequest_timeout = \"300s\"\n\n[workers]\nstartup_timeout = \"900s\"\n",
-        args.threads, args.dtype
+        "[checkpoints]\nmultilingual = \"off\"\ntyped-decisions = \"off\"\n\n[[pool]]\nname = \"{}\"\ndevice = \"{}\"\nworkers = 1\nthreads = {}\ndtype = \"{}\"\n{batch_wait}\n[server]\nrequest_timeout = \"300s\"\n\n[workers]\nstartup_timeout = \"900s\"\n{binary_dir}",
+        if args.device == "cpu" { "cpu" } else { "gpu" },
+        args.device,
+        args.threads,
+        args.dtype
     );
     let home = hf_home.path().to_string_lossy().into_owned();
     let mut layad = Server::start(&config, &[("HF_HOME", home.as_str())]);
@@ -320,7 +347,14 @@ async fn run(args: Args) -> Result<(), String> {
         "" | "none" => None,
         python => {
             let port = layad_system_tests::free_port();
-            let child = start_upstream(python, hf_home.path(), port, args.threads, args.upstream_amp.as_deref())?;
+            let child = start_upstream(
+                python,
+                hf_home.path(),
+                port,
+                args.threads,
+                &args.upstream_device,
+                args.upstream_amp.as_deref(),
+            )?;
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
             Some((Upstream(child), addr))
         }
@@ -340,7 +374,8 @@ async fn run(args: Args) -> Result<(), String> {
     let engine = &health["pools"][0]["workers"][0];
     println!(
         "layad worker: {}",
-        json!({"dtype": engine["dtype"], "cpu_kernels": engine["cpu_kernels"], "parity_gate": engine["parity_gate"]})
+        json!({"device": engine["device"], "dtype": engine["dtype"], "cpu_kernels": engine["cpu_kernels"],
+               "gpu": engine["gpu"], "device_fallback": engine["device_fallback"], "parity_gate": engine["parity_gate"]})
     );
 
     let mut shapes = Vec::new();
@@ -494,8 +529,8 @@ async fn run(args: Args) -> Result<(), String> {
         "machine": {"cpu": cpu_model, "flags": cpu_flags, "load_average_before": load_before, "load_average_after": load_after},
         "checkpoint": args.checkpoint.display().to_string(),
         "threads": args.threads,
-        "layad": {"dtype": args.dtype, "batch_wait": args.batch_wait, "worker": engine},
-        "upstream": {"python": args.upstream_python, "amp": args.upstream_amp},
+        "layad": {"device": args.device, "dtype": args.dtype, "batch_wait": args.batch_wait, "worker": engine},
+        "upstream": {"python": args.upstream_python, "device": args.upstream_device, "amp": args.upstream_amp},
         "answer_parity": parity,
         "latency": latency_rows,
         "throughput": throughput_rows,

@@ -47,6 +47,10 @@ struct Args {
     /// gemm (candle's matmul and composed attention, the engine before run-time kernels).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     cpu_kernels: Vec<String>,
+    /// The candle engine's device: cpu, cuda, cuda:N, metal (a GPU that cannot be opened fails the
+    /// run instead of falling back). The GEMM peak and torch stay on the CPU.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// CPU threads for candle and for torch.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -182,6 +186,7 @@ fn run(args: &Args) -> Result<(), String> {
         .iter()
         .map(|p| Precision::parse(p))
         .collect::<Result<_, _>>()?;
+    let device = DeviceRequest::parse(&args.device)?;
     let kernel_choices: Vec<Option<CpuKernels>> = args
         .cpu_kernels
         .iter()
@@ -229,7 +234,7 @@ fn run(args: &Args) -> Result<(), String> {
             .flat_map(|&p| kernel_choices.iter().map(move |&k| (p, k)));
         for (precision, cpu_kernels) in engines {
             let options = EngineOptions {
-                device: DeviceRequest::Cpu,
+                device,
                 precision: Some(precision),
                 threads: Some(args.threads),
                 cpu_kernels,
@@ -239,6 +244,9 @@ fn run(args: &Args) -> Result<(), String> {
             };
             let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
                 .map_err(|e| e.to_string())?;
+            if let Some(reason) = engine.fallback() {
+                return Err(format!("--device {device}: {reason}"));
+            }
             // int8 loaded only after its gate passed against f32; keep what the gate measured.
             for gate in engine.parity() {
                 eprintln!(
@@ -258,7 +266,10 @@ fn run(args: &Args) -> Result<(), String> {
             }
             for &shape in &shapes {
                 let inputs = bench_rows(shape.0, shape.1, spec.vocab);
-                let kernels = engine.kernels().map_or("-", CpuKernels::as_str);
+                let kernels = engine.kernels().map_or_else(
+                    || worker_gpu::device::device_label(engine.device()),
+                    |k| k.as_str().to_owned(),
+                );
                 let mut cell = new_cell(format!("candle {precision} {kernels}"), shape);
                 // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
                 std::thread::sleep(gap);
@@ -322,7 +333,7 @@ fn run(args: &Args) -> Result<(), String> {
         .collect();
     let result = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "machine": {"cpu": cpu_model(), "threads": args.threads, "load_average_before": load_before, "load_average_after": load_after},
+        "machine": {"cpu": cpu_model(), "device": args.device, "threads": args.threads, "load_average_before": load_before, "load_average_after": load_after},
         "gap_ms": args.gap_ms,
         "gemm_peak_gflops": peak,
         "gemm": gemm_details,

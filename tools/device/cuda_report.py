@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Step 5 of tools/device/cuda-check.sh: reads the JSON every earlier step wrote into OUTDIR and
+writes OUTDIR/summary.json (the numbers that matter, with where they came from) and OUTDIR/table.md
+(one markdown table). Standard library only: it runs on the H200 machine without installing anything.
+
+    python3 tools/device/cuda_report.py OUTDIR MODE DEVICE     (MODE: cpu or gpu)
+
+Exits 1 when a step's numbers fail its rule: f32 goldens beyond 1e-4, a half precision refused or
+beyond the gate, any error in the served or spill runs.
+"""
+
+import json
+import os
+import sys
+
+
+def load(out, name):
+    path = os.path.join(out, name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def fmt(value, spec):
+    return "–" if value is None else format(value, spec)
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, mode, device = sys.argv[1:]
+    problems = []
+    rows = []  # (step, what, result)
+    summary = {"mode": mode, "device": device}
+
+    notes_path = os.path.join(out, "notes.txt")
+    notes = open(notes_path).read().splitlines() if os.path.exists(notes_path) else []
+    summary["notes"] = notes
+
+    goldens = load(out, "goldens.json")
+    if goldens is None:
+        problems.append("goldens: no goldens.json")
+    else:
+        summary["goldens"] = goldens["precisions"]
+        for p in goldens["precisions"]:
+            name = p["precision"]
+            if not p.get("loaded"):
+                problems.append(f"goldens: {name} refused at load: {p.get('error')}")
+                rows.append(("1 goldens", f"{name} on {device}", f"refused at load: {p.get('error')}"))
+                continue
+            gates = p.get("load_time_gate", [])
+            gate = max((g["max_probability_diff"] for g in gates), default=None)
+            gpu = p.get("gpu") or {}
+            where = p["device"] + (f" ({gpu.get('name')}, cc {gpu.get('compute_capability')}, tf32 {gpu.get('tf32')})" if gpu else "")
+            result = (
+                f"{p['rows']} rows, max |Δlogit| {p['worst_logit_diff']:.2e}, max |Δact p| {p['worst_act_diff']:.2e}, "
+                f"vs upstream max |Δp| {p['vs_upstream']['max_probability_diff']:.4f}, "
+                f"hard mismatches {p['vs_upstream']['hard_mismatches']}"
+            )
+            if name != "f32":
+                result += f"; load-time gate vs f32 max |Δp| {fmt(gate, '.4f')} ({len(gates)} checkpoints)"
+            rows.append(("1 goldens", f"{name} on {where}", result + ("" if p["passed"] else " **FAILED**")))
+            if not p["passed"]:
+                problems.append(f"goldens: {name} failed")
+
+    forward = load(out, "forward.json")
+    if forward is None:
+        problems.append("forward: no forward.json")
+    else:
+        cells = forward.get("cells", [])
+        summary["forward"] = [
+            {k: c.get(k) for k in ("model", "engine", "length", "rows", "p50_ms", "p90_ms", "tokens_per_s")} for c in cells
+        ]
+        for c in cells:
+            rows.append(
+                ("2 forward", f"{c['model']} {c['engine']} {c['length']} tok × {c['rows']} rows",
+                 f"p50 {c['p50_ms']:.2f} ms, p90 {c['p90_ms']:.2f} ms, {c['tokens_per_s']:.0f} tok/s")
+            )
+
+    served = load(out, "served.json")
+    if served is None:
+        problems.append("served: no served.json")
+    else:
+        summary["served"] = {"latency": served.get("latency"), "throughput": served.get("throughput"),
+                             "answer_parity": served.get("answer_parity"), "worker": served.get("layad", {}).get("worker")}
+        for r in served.get("latency", []):
+            upstream = r.get("upstream_p50_ms")
+            rows.append(
+                ("3 served", f"{r['label']}",
+                 f"layad p50 {r['layad_p50_ms']:.1f} ms, p90 {r['layad_p90_ms']:.1f} ms"
+                 + (f"; upstream p50 {upstream:.1f} ms, layad/upstream {r['median_ratio']:.2f}" if upstream else "; upstream not run"))
+            )
+        for t in served.get("throughput", []):
+            up = t.get("upstream_answers_per_s")
+            rows.append(
+                ("3 served", f"{t['clients']} clients",
+                 f"layad {t['layad_answers_per_s']:.1f} answers/s, {t['layad_errors']} errors"
+                 + (f"; upstream {up:.1f} answers/s ({t['ratio']:.2f}×)" if up else "; upstream not run"))
+            )
+            if t["layad_errors"]:
+                problems.append(f"served: {t['layad_errors']} errors at {t['clients']} clients")
+
+    spill = {}
+    for config in ("alone", "with-cpu"):
+        run = load(out, f"spill-{config}.json")
+        if run is None:
+            problems.append(f"spill: no spill-{config}.json")
+            continue
+        classes = {c["class"]: c for c in run.get("classes", [])}
+        errors = sum(c.get("errors", 0) for c in run.get("classes", []))
+        short, long_ = classes.get("short-1q", {}), classes.get("long-1q", {})
+        spill[config] = {
+            "rate": run.get("rate"), "seconds": run.get("seconds"), "sent": run.get("sent"), "errors": errors,
+            "short_p99_ms": short.get("p99_ms"), "long_p99_ms": long_.get("p99_ms"),
+            "short_spill_share": short.get("spill_share"), "long_spill_share": long_.get("spill_share"),
+        }
+        label = "device pool alone" if config == "alone" else "device pool + CPU pool, spill on"
+        rows.append(
+            ("4 spill", f"{label}, bursty {run.get('rate')} req/s",
+             f"{run.get('sent')} sent, {errors} errors; P99 short {fmt(short.get('p99_ms'), '.1f')} ms, "
+             f"long {fmt(long_.get('p99_ms'), '.1f')} ms; spilled short {fmt(short.get('spill_share'), '.0%')}, "
+             f"long {fmt(long_.get('spill_share'), '.0%')}")
+        )
+        if errors:
+            problems.append(f"spill: {errors} errors ({config})")
+    summary["spill"] = spill
+
+    summary["problems"] = problems
+    summary["passed"] = not problems
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(f"cuda-check ({'--cpu: a CPU pool stands in for the GPU' if mode == 'cpu' else 'GPU'}; device {device})\n\n")
+        f.write("| step | what | result |\n|---|---|---|\n")
+        for step, what, result in rows:
+            f.write(f"| {step} | {what} | {result} |\n")
+        for note in notes:
+            f.write(f"\n- {note}")
+        if problems:
+            f.write("\n\nProblems:\n" + "".join(f"\n- {p}" for p in problems))
+        f.write("\n")
+    for p in problems:
+        print(f"cuda_report: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
