@@ -71,8 +71,13 @@ export NVCC="$PWD/tools/device/nvcc-cache"
 unset LAYAD_NVCC_STANDIN
 export CARGO_TARGET_DIR="${BUILD_CUDA_TARGET_DIR:-$PWD/target/build-cuda}"
 started=$(date +%s)
+# candle at the release default (opt-level 3), not the workspace's 1: on the CPU the forward's time
+# is in layad's own kernels, but on a GPU every op's host side (shape checks, kernel launch) is
+# candle's and cudarc's, several hundred ops per forward, and short requests wait on it.
 cargo build --release --locked -p layad-worker-gpu -p layad-engine-bench \
-    --features layad-worker-gpu/cuda,layad-engine-bench/cuda --bins >&2
+    --features layad-worker-gpu/cuda,layad-engine-bench/cuda --bins \
+    --config 'profile.release.package.candle-core.opt-level = 3' \
+    --config 'profile.release.package.candle-nn.opt-level = 3' >&2
 binary="$CARGO_TARGET_DIR/release/layad-worker-gpu"
 echo "build-cuda: built in $(($(date +%s) - started)) s" >&2
 
