@@ -105,4 +105,9 @@ done
 echo "build-cuda: needs glibc >= $(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -n 1 | cut -d_ -f2) (this machine: $(ldd --version | head -n 1 | grep -o '[0-9.]*$'))" >&2
 # The driver functions the binary binds at start (full RELRO binds them all before main).
 echo "build-cuda: driver functions bound at start: $(nm -D --undefined-only "$binary" | grep -c ' cu[A-Z]')" >&2
+# What travels to the GPU machine (the device tool carries at most 64 MiB; the three binaries are
+# about 165 MB unpacked, mostly candle's PTX): unpack there with
+#   mkdir -p target/build-cuda/release && tar -xzf target/build-cuda/cuda-bins.tar.gz -C target/build-cuda/release
+tar -C "$CARGO_TARGET_DIR/release" -czf "$CARGO_TARGET_DIR/cuda-bins.tar.gz" layad-worker-gpu layad-bench layad-device-check
+echo "build-cuda: $CARGO_TARGET_DIR/cuda-bins.tar.gz: $(($(stat -c %s "$CARGO_TARGET_DIR/cuda-bins.tar.gz") / 1048576)) MiB" >&2
 echo "$binary"

@@ -108,7 +108,11 @@ binaries() {
     if [[ $cpu == 0 ]] && ldd "$DEV_BIN/layad-worker-gpu" | grep -q 'not found'; then
         local py=${TORCH_PYTHON:-python3}
         local extra
-        extra=$("$py" -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "lib*.so*"), recursive=True)})))')
+        extra=$("$py" -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "lib*.so*"), recursive=True)})))' || true)
+        # The toolkit's own libraries, where nvcc 13.0 is installed the usual way.
+        for dir in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64; do
+            [[ -d "$dir" ]] && extra="${extra:+$extra:}$dir"
+        done
         export LD_LIBRARY_PATH="$extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         echo "LD_LIBRARY_PATH from torch's nvidia wheels: $extra"
     fi
