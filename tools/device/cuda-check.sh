@@ -141,7 +141,8 @@ step goldens "$DEV_BIN/layad-device-check" --device "$device" --fixtures tests/f
 # 2: in-process forward latency; also writes the random checkpoint the later steps serve.
 step forward "$DEV_BIN/layad-bench" --device "$device" --out-dir "$out/bench" --models "$model" \
     --lengths "$lengths" --rows "$rows" --precisions "$precisions" --threads "$dev_threads" \
-    --python none --min-runs 3 --max-runs 20 --budget-s 1 --gap-ms 50 --json "$out/forward.json"
+    --python none --min-runs 3 --max-runs 20 --budget-s 1 --gap-ms 50 --json "$out/forward.json" \
+    --fixture-cache "$PWD/tests/fixtures/hf-cache/hub"
 checkpoint=$(find "$out/bench" -maxdepth 1 -type d -name "$model-v*" 2>/dev/null | head -n 1)
 
 # 3: served latency and answers/s, paired with upstream where it is given.
