@@ -17,6 +17,9 @@ fn check_common_headers(name: &str, response: &Response, failures: &mut Vec<Stri
     if response.header("x-request-id").is_none_or(str::is_empty) {
         failures.push(format!("{name}: no x-request-id"));
     }
+    if response.header("x-typesafe-request-id") != response.header("x-request-id") {
+        failures.push(format!("{name}: x-typesafe-request-id differs from x-request-id"));
+    }
     if !response
         .header("server-timing")
         .is_some_and(|t| t.contains("total;dur="))
