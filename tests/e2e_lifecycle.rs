@@ -307,7 +307,7 @@ async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
     assert_eq!(off.status, 503, "{}", off.text());
     // The batch route, strict too, under the same key.
     let batch =
-        br#"{"states": ["12345", "67890"], "questions": {"ok": {"type": "noul", "instructions": "Is it fine?"}}}"#;
+        br#"{"states": ["12345 67890", "67890"], "questions": {"ok": {"type": "noul", "instructions": "Is it fine?"}}}"#;
     let answered = layad_system_tests::request(addr, "POST", "/v1/systemone/batch", &auth, batch)
         .await
         .expect("post");
