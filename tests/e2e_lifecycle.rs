@@ -209,3 +209,151 @@ async fn serve_with_no_config_file_answers_and_stops_on_sigterm() {
     // Worker lines are re-emitted by the supervisor, tagged with their pool and pid.
     assert!(stderr.contains("\"pool\":\"gpu\""), "{stderr}");
 }
+
+/// A `laya-serve` unit's environment, unchanged, and no layad setting at all (no config file, no
+/// flag): layad binds `LAYA_HOST:LAYA_PORT`, serves only `LAYA_MODELS`, answers in the strict Jev
+/// shape, requires the key, caps `max_len` at `LAYA_MAX_TOKEN_BUDGET`, sends a language-less state
+/// to `LAYA_DEFAULT_MODEL`, and logs what it made of each variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
+    let port = layad_system_tests::free_port();
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let log_dir = tempfile::tempdir().expect("tempdir");
+    let log_path = log_dir.path().join("layad.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut command = Command::new(bin_dir().join("layad"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("LAYA_") || name.starts_with("LAYAD_") {
+            command.env_remove(name);
+        }
+    }
+    let port_text = port.to_string();
+    let environment = [
+        ("LAYA_HOST", "127.0.0.1"),
+        ("LAYA_PORT", port_text.as_str()),
+        ("LAYA_DEVICE", "cpu"),
+        ("LAYA_THREADS", "1"),
+        ("LAYA_MODELS", "english,multilingual"),
+        ("LAYA_DEFAULT_MODEL", "english"),
+        ("LAYA_JEV_STRICT", "1"),
+        ("LAYA_MAX_TOKEN_BUDGET", "512"),
+        ("LAYA_BODY_READ_TIMEOUT", "5"),
+        ("LAYA_MAX_CONCURRENT", "8"),
+        ("LAYA_TOURNAMENT_GROUP", "16"),
+        ("LAYA_LOG_LEVEL", "info"),
+        ("LAYA_PRELOAD", "1"),
+        ("LAYA_MAX_LOADED", "2"),
+        ("LAYA_API_KEY", "unit-key"),
+    ];
+    let mut child = command
+        .arg("serve")
+        .envs(environment)
+        .env("HF_HOME", fixture_hf_home())
+        .env("HF_HUB_OFFLINE", "1")
+        // Not a layad setting: where this test's workers put their sockets.
+        .env("LAYAD_WORKERS__SOCKET_DIR", sockets.path())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("layad serve starts");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let start = Instant::now();
+    while !get(addr, "/readyz").await.is_ok_and(|r| r.status == 200) {
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "layad exited:\n{}",
+            read_log()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "never ready:\n{}",
+            read_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let auth = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer unit-key"),
+    ];
+    let body = br#"{"state": "12345 67890", "questions": {"ok": {"type": "noul", "instructions": "Is it fine?"}}}"#;
+    let without_key = post_json(addr, "/v1/systemone", body).await.expect("post");
+    assert_eq!(without_key.status, 401);
+    let answer = layad_system_tests::request(addr, "POST", "/v1/systemone", &auth, body)
+        .await
+        .expect("post");
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    // LAYA_JEV_STRICT: the strict projection, no routing, no x_layad.
+    let json = answer.json();
+    let keys: Vec<&String> = json.as_object().expect("object").keys().collect();
+    assert_eq!(keys, ["model", "answers", "usage"], "{json}");
+    assert_eq!(json["answers"]["ok"].as_object().map(|a| a.len()), Some(2), "{json}");
+    assert_eq!(answer.header("x-typesafe-request-id"), answer.header("x-request-id"));
+    // LAYA_MAX_TOKEN_BUDGET.
+    let long = br#"{"state": "x", "max_len": 1024, "questions": {}}"#;
+    let refused = layad_system_tests::request(addr, "POST", "/v1/systemone", &auth, long)
+        .await
+        .expect("post");
+    assert_eq!(
+        (refused.status, refused.json()["detail"].as_str()),
+        (422, Some("max_len exceeds server limit (1024 > 512)"))
+    );
+    // LAYA_MODELS: typed-decisions is not served here.
+    let typed = br#"{"state": "x", "task": "typed", "questions": {}}"#;
+    let off = layad_system_tests::request(addr, "POST", "/v1/systemone", &auth, typed)
+        .await
+        .expect("post");
+    assert_eq!(off.status, 503, "{}", off.text());
+    // The batch route, strict too, under the same key.
+    let batch =
+        br#"{"states": ["12345 67890", "67890"], "questions": {"ok": {"type": "noul", "instructions": "Is it fine?"}}}"#;
+    let answered = layad_system_tests::request(addr, "POST", "/v1/systemone/batch", &auth, batch)
+        .await
+        .expect("post");
+    assert_eq!(answered.status, 200, "{}", answered.text());
+    let results = answered.json()["results"].clone();
+    assert_eq!(results[0], json, "the same state, the same strict answer");
+    // LAYA_DEFAULT_MODEL, LAYA_THREADS, LAYA_DEVICE, LAYA_MODELS: /health (with the key).
+    let health = layad_system_tests::request(addr, "GET", "/health", &auth[1..], b"")
+        .await
+        .expect("health")
+        .json();
+    let worker = &health["pools"][0]["workers"][0];
+    assert_eq!(worker["device"], "cpu", "{health}");
+    let served: Vec<&str> = worker["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(served, ["english", "multilingual"], "{health}");
+    let text = read_log();
+    for line in [
+        &format!("LAYA_HOST=127.0.0.1 LAYA_PORT={port}: server.listen = 127.0.0.1:{port}"),
+        "LAYA_MODELS=english,multilingual: serving english, multilingual; typed-decisions \"off\"",
+        "LAYA_JEV_STRICT=1: compat.output = \"jev-strict\"",
+        "LAYA_DEFAULT_MODEL=english: compat.default_checkpoint = \"english\"",
+        "LAYA_MAX_TOKEN_BUDGET=512: compat.max_token_budget = 512",
+        "LAYA_THREADS=1: threads = 1 per worker",
+        "LAYA_DEVICE=cpu: device = \"cpu\"",
+        "LAYA_BODY_READ_TIMEOUT=5: server.body_timeout = 5s",
+        "LAYA_MAX_CONCURRENT=8: server.max_concurrent = 8",
+        "LAYA_MAX_LOADED=2 has no effect in layad",
+        "compat.tournament_group = 16 has no effect yet",
+        "LAYA_API_KEY is set",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("unit-key"), "the key is never logged");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("exit");
+    assert_eq!(status.code(), Some(0), "{}", read_log());
+}

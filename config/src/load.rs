@@ -1,5 +1,6 @@
 //! Loading: embedded defaults < TOML file < `LAYAD_*` environment < command-line flags (figment),
-//! then cross-key validation, relative paths, and the API key; every problem names key and origin.
+//! then upstream's `LAYA_*` variables applied under `LAYAD_*` and flags (`upstream_env`),
+//! cross-key validation, relative paths, and the API key; every problem names key and origin.
 //!
 //! The environment is passed in rather than read here, so tests need not touch the process's.
 
@@ -13,6 +14,7 @@ use laya::routing::CheckpointName;
 
 use crate::error::{ConfigError, Problem};
 use crate::schema::{AneExecutor, ApiKey, CheckpointSource, Config, Device, Dtype, WorkerKind};
+use crate::upstream_env::{self, Note, Overrides};
 
 /// Prefix of the environment variables that override keys.
 pub const ENV_PREFIX: &str = "LAYAD_";
@@ -28,7 +30,7 @@ pub const API_KEY_VAR: &str = "LAYA_API_KEY";
 pub struct Sources {
     /// The TOML file (`--config` / `LAYAD_CONFIG`); none = defaults and environment only.
     pub file: Option<PathBuf>,
-    /// The environment, as `(name, value)` pairs; only `LAYAD_*` and `LAYA_API_KEY` are read.
+    /// The environment, as `(name, value)` pairs; only `LAYAD_*` and upstream's `LAYA_*` are read.
     pub env: Vec<(String, String)>,
     /// Command-line flags, which override everything else.
     pub flags: Flags,
@@ -43,7 +45,7 @@ impl Sources {
         Self { file, env, flags }
     }
 
-    fn var(&self, name: &str) -> Option<&str> {
+    pub(crate) fn var(&self, name: &str) -> Option<&str> {
         self.env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 }
@@ -53,31 +55,6 @@ impl Sources {
 pub struct Flags {
     /// `--listen`: `server.listen`.
     pub listen: Option<SocketAddr>,
-}
-
-/// Upstream `laya-serve` variables layad does not read, each with the key that replaces it.
-const UPSTREAM_VARIABLES: [(&str, &str); 9] = [
-    ("LAYA_HOST", "server.listen"),
-    ("LAYA_PORT", "server.listen"),
-    ("LAYA_DEVICE", "pool.device"),
-    ("LAYA_THREADS", "pool.threads"),
-    ("LAYA_MODELS", "[checkpoints]"),
-    (
-        "LAYA_PRELOAD",
-        "(layad always loads every served checkpoint at start-up)",
-    ),
-    ("LAYA_AUTO_TASK", "server.auto_task"),
-    ("LAYA_LOG_LEVEL", "logging.filter"),
-    ("LAYA_CPU_AMP", "pool.dtype"),
-];
-
-/// Upstream variables that are set but not read by layad, with what to use instead; the
-/// supervisor warns about each so a migrated service file does not silently change meaning.
-pub fn ignored_upstream_variables(sources: &Sources) -> Vec<(&'static str, &'static str)> {
-    UPSTREAM_VARIABLES
-        .into_iter()
-        .filter(|(name, _)| sources.var(name).is_some())
-        .collect()
 }
 
 /// One configuration layer with a human name for error messages.
@@ -197,6 +174,12 @@ fn invalid(key: &str, origin: &str, message: impl Into<String>) -> ConfigError {
 impl Config {
     /// Loads and checks the configuration from `sources` (see the crate docs for the order).
     pub fn load(sources: &Sources) -> Result<Config, ConfigError> {
+        Self::load_with_notes(sources).map(|(config, _)| config)
+    }
+
+    /// [`Config::load`], plus what was made of upstream's `LAYA_*` variables (and settings that
+    /// are kept but have no effect yet), for the start-up log.
+    pub fn load_with_notes(sources: &Sources) -> Result<(Config, Vec<Note>), ConfigError> {
         let mut figment = Figment::from(defaults_layer()?);
         if let Some(path) = &sources.file {
             // figment skips a missing file silently; a file the user named must exist.
@@ -211,14 +194,17 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::Invalid(describe_figment_error(&figment, e)))?;
         let origins = Origins { figment: &figment };
-        let mut problems = validate(&config, &origins);
+        let var = |name: &str| sources.var(name).map(str::to_owned);
+        let (mut notes, mut problems) = upstream_env::apply(&mut config, &var, &origins);
+        problems.extend(validate(&config, &origins));
         resolve_relative_paths(&mut config, &origins);
         match api_key(&config, sources, &origins) {
             Ok(key) => config.api_key = key,
             Err(problem) => problems.push(problem),
         }
+        notes.extend(upstream_env::config_notes(&config));
         if problems.is_empty() {
-            Ok(config)
+            Ok((config, notes))
         } else {
             Err(ConfigError::Invalid(problems))
         }
@@ -271,6 +257,13 @@ impl Origins<'_> {
             Some(Source::File(file)) => Some(file.clone()),
             _ => None,
         }
+    }
+}
+
+impl Overrides for Origins<'_> {
+    fn overridden(&self, path: &[&str]) -> Option<String> {
+        let md = self.tag_metadata(self.value(path)?.tag())?;
+        (md.name == ENV_NAME || md.name == FLAG_NAME).then(|| describe_metadata(md, path))
     }
 }
 
@@ -347,6 +340,12 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
     if server.max_body_bytes == 0 {
         report(&["server", "max_body_bytes"], "must be at least 1".into());
     }
+    if server.max_concurrent == Some(0) {
+        report(
+            &["server", "max_concurrent"],
+            "must be at least 1 (leave it out for no cap)".into(),
+        );
+    }
     if server.max_connections == 0 {
         report(&["server", "max_connections"], "must be at least 1".into());
     }
@@ -379,6 +378,20 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
                 "must be between 1 and {} (the positions a worker prepares), not {budget}",
                 laya::request::DEFAULT_MAX_TOKEN_BUDGET
             ),
+        );
+    }
+
+    let group = config.compat.tournament_group;
+    if group != 0 && !(2..=100).contains(&group) {
+        report(
+            &["compat", "tournament_group"],
+            format!("{group}: 0 (off) or a group size from 2 to 100, as upstream's LAYA_TOURNAMENT_GROUP"),
+        );
+    }
+    if config.compat.output == laya::output::OutputProfile::JevStrict && !config.compat.upstream.is_0_4() {
+        report(
+            &["compat", "output"],
+            "\"jev-strict\" is upstream 0.4.15's LAYA_JEV_STRICT projection; 0.3.20 has none (use compat.upstream = \"0.4.15\")".into(),
         );
     }
 

@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use laya::output::OutputProfile;
 use laya::routing::CheckpointName;
 use laya::upstream::Upstream;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -108,6 +109,11 @@ pub struct ServerConfig {
     /// Append the `x_layad` block (pool, device, routing reason, queue and device time) to every
     /// answer, after upstream's keys; `false` gives bodies byte-for-byte like upstream's.
     pub diagnostics: bool,
+    /// Upstream 0.4.15's `LAYA_MAX_CONCURRENT`: most decision requests (single or batch) past the
+    /// bearer check at once; more are answered 503 `server busy, try again later` with
+    /// `Retry-After: 1` at once. Absent: no such cap (the pools' bounded queues decide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +130,7 @@ impl Default for ServerConfig {
             max_connections_per_client: 256,
             auto_task: false,
             diagnostics: true,
+            max_concurrent: None,
         }
     }
 }
@@ -142,6 +149,15 @@ pub struct CompatConfig {
     /// Largest `max_len`/`head_max_len` a 0.4.x request may ask for (upstream's
     /// `LAYA_MAX_TOKEN_BUDGET`); at most the 8192 positions a worker prepares.
     pub max_token_budget: usize,
+    /// The shape answers leave in: `"laya"` (upstream's keys) or `"jev-strict"` (0.4.15's
+    /// `LAYA_JEV_STRICT` projection).
+    #[serde(default, with = "output_profile")]
+    pub output: OutputProfile,
+    /// Upstream 0.4.15's `LAYA_TOURNAMENT_GROUP` (0 = off, else 2–100). Validated and kept, but
+    /// tournament choices are not answered yet: a non-zero value changes nothing and is warned
+    /// about at start-up.
+    #[serde(default)]
+    pub tournament_group: u32,
 }
 
 impl Default for CompatConfig {
@@ -150,6 +166,8 @@ impl Default for CompatConfig {
             upstream: Upstream::default(),
             default_checkpoint: None,
             max_token_budget: laya::request::DEFAULT_MAX_TOKEN_BUDGET,
+            output: OutputProfile::default(),
+            tournament_group: 0,
         }
     }
 }
@@ -636,6 +654,21 @@ mod upstream_version {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Upstream, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// `compat.output`: `"laya"` or `"jev-strict"`.
+mod output_profile {
+    use laya::output::OutputProfile;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(output: &OutputProfile, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(output.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<OutputProfile, D::Error> {
         let text = String::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
     }

@@ -9,7 +9,7 @@ use laya::routing::CheckpointName;
 use laya::upstream::Upstream;
 use layad_config::{
     AneExecutor, CheckpointSource, Config, ConfigError, Device, Dtype, Flags, LogFormat, PoolConfig, Problem,
-    QueueOrder, Sources, WorkerKind, ignored_upstream_variables,
+    QueueOrder, Sources, WorkerKind,
 };
 
 fn examples_dir() -> PathBuf {
@@ -385,20 +385,6 @@ fn the_api_key_comes_from_laya_api_key_or_a_file_never_both() {
 }
 
 #[test]
-fn upstream_variables_that_layad_does_not_read_are_listed() {
-    let s = sources(
-        None,
-        &[("LAYA_PORT", "8000"), ("LAYA_API_KEY", "k"), ("LAYA_AUTO_TASK", "1")],
-        None,
-    );
-    let ignored: Vec<&str> = ignored_upstream_variables(&s)
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    assert_eq!(ignored, ["LAYA_PORT", "LAYA_AUTO_TASK"]);
-}
-
-#[test]
 fn every_example_loads() {
     let mut loaded = 0;
     for entry in std::fs::read_dir(examples_dir()).expect("examples") {
@@ -440,6 +426,7 @@ fn the_local_checkpoints_example_points_at_real_directories() {
 fn every_key() -> Vec<String> {
     let mut config = Config::default();
     config.server.api_key_file = Some(PathBuf::from("k"));
+    config.server.max_concurrent = Some(16);
     config.workers.binary_dir = Some(PathBuf::from("b"));
     config.workers.socket_dir = Some(PathBuf::from("s"));
     config.pools[0].checkpoints = Some(vec![CheckpointName::English]);

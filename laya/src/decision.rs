@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use crate::answer::{answer, jev_confidence};
 use crate::checkpoint::Checkpoint;
 use crate::config::temperature_bucket;
+use crate::output::{OutputProfile, project_jev_strict};
 use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tokens};
 use crate::python_text::{float_value, round4};
 use crate::question::{Question, QuestionType, parse_questions};
@@ -28,6 +29,8 @@ pub struct DecisionOptions {
     /// Upstream's `LAYA_DEFAULT_MODEL`: where states without language evidence go; `None` is the
     /// release's own default.
     pub default_checkpoint: Option<CheckpointName>,
+    /// The shape answers leave in (`[compat] output`, upstream's `LAYA_JEV_STRICT`).
+    pub output: OutputProfile,
 }
 
 /// A request that is ready for the model: where it goes and what rows to run.
@@ -45,6 +48,8 @@ pub struct PreparedDecision {
     pub min_confidence: Option<MinConfidence>,
     /// Whose contract the answer follows.
     pub upstream: Upstream,
+    /// The shape the answer leaves in.
+    pub output: OutputProfile,
 }
 
 impl PreparedDecision {
@@ -70,6 +75,13 @@ pub fn prepare<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
+    let routing = route_request(request, options)?;
+    prepare_routed(request, routing, checkpoints, options)
+}
+
+/// Where the request goes (routing's refusals: an unservable `model`, an unknown `task`). The batch
+/// route routes every state before it validates questions, as upstream's `predict_batch` does.
+pub fn route_request(request: &DecisionRequest, options: DecisionOptions) -> Result<RoutingDecision, RequestError> {
     let ids: Vec<&str> = request.questions.keys().map(String::as_str).collect();
     let route_options = RouteOptions {
         upstream: options.upstream,
@@ -83,8 +95,16 @@ pub fn prepare<'a>(
         lang: controls.lang.as_deref(),
         lang_guess: controls.lang_guess.as_deref(),
     };
-    let routing =
-        route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)?;
+    route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)
+}
+
+/// Validates the questions and builds the rows of a request already routed to `routing`.
+pub fn prepare_routed<'a>(
+    request: &DecisionRequest,
+    routing: RoutingDecision,
+    checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
+    options: DecisionOptions,
+) -> Result<PreparedDecision, RequestError> {
     let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
         RequestError::new(
             503,
@@ -102,6 +122,7 @@ pub fn prepare<'a>(
         stats: Vec::new(),
         min_confidence: request.controls.min_confidence.clone(),
         upstream,
+        output: options.output,
     };
     if request.questions.is_empty() {
         return Ok(prepared);
@@ -131,7 +152,7 @@ pub fn prepare<'a>(
 }
 
 /// The response object for a prepared request and the model's outputs (one per row, same order),
-/// with upstream's keys in upstream's order.
+/// with upstream's keys in upstream's order; under `jev-strict`, upstream's strict projection of it.
 pub fn respond(
     prepared: &PreparedDecision,
     checkpoint: &Checkpoint,
@@ -175,7 +196,10 @@ pub fn respond(
     body.insert("answers".to_owned(), Value::Object(answers));
     body.insert("usage".to_owned(), Value::Object(usage(prepared)));
     body.insert("routing".to_owned(), prepared.routing.to_json());
-    Ok(Value::Object(body))
+    Ok(Value::Object(match prepared.output {
+        OutputProfile::Laya => body,
+        OutputProfile::JevStrict => project_jev_strict(&body),
+    }))
 }
 
 /// The `usage` object: 0.3.20's two counts; 0.4.x adds what the rows kept of the state and, when

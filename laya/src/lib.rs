@@ -5,10 +5,12 @@
 //! back into upstream's JSON. The spec this crate follows is `shared/spec/laya-serve-0.3.20.md`.
 
 pub mod answer;
+pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod decision;
 pub mod language;
+pub mod output;
 pub mod prompt;
 pub mod python_text;
 pub mod question;

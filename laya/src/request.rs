@@ -131,7 +131,7 @@ pub const MAX_TOTAL_OPTIONS: usize = 512;
 /// How many values 0.4.15's cheap state-length bound visits (`_STATE_PROBE_VALUES`).
 const STATE_PROBE_VALUES: usize = 64;
 /// Fields that name in-process hooks, refused by 0.4.15 (`BODY_REFUSALS`, sorted for the message).
-const BODY_REFUSALS: [&str; 5] = [
+pub(crate) const BODY_REFUSALS: [&str; 5] = [
     "hooks",
     "hooks_raise",
     "hooks_timeout",
@@ -150,7 +150,7 @@ impl Default for RequestLimits {
 
 /// Python's `json.detect_encoding` + decode for a bytes body: UTF-8 (a BOM is skipped), UTF-16 and
 /// UTF-32 by BOM or by the position of zero bytes. `None` when the bytes do not decode.
-fn decode_like_python(bytes: &[u8]) -> Option<String> {
+pub(crate) fn decode_like_python(bytes: &[u8]) -> Option<String> {
     let utf16 = |b: &[u8], big: bool| -> Option<String> {
         if !b.len().is_multiple_of(2) {
             return None;
@@ -242,8 +242,7 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
     let state_chars = match (&state, upstream) {
         (Some(Value::String(s)), _) => py_len(s),
         (Some(other), Upstream::V0_3_20) => py_len(&py_repr(other)),
-        (Some(other), Upstream::V0_4_15) => state_length_lower_bound_over(other, MAX_STATE_CHARS)
-            .unwrap_or_else(|| py_len(&py_json(other, Separators::Spaced))),
+        (Some(other), Upstream::V0_4_15) => state_chars_0_4(other),
         (None, _) => py_len("None"),
     };
     if state_chars > MAX_STATE_CHARS {
@@ -291,7 +290,10 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
 
 /// 0.4.15's option limits, question by question in request order (only well-formed choice and
 /// score criteria count; validation later says what is wrong with the others).
-fn check_option_counts(questions: &Map<String, Value>, max_choice_options: usize) -> Result<(), RequestError> {
+pub(crate) fn check_option_counts(
+    questions: &Map<String, Value>,
+    max_choice_options: usize,
+) -> Result<(), RequestError> {
     let mut total = 0;
     for (qid, question) in questions {
         let Some(question) = question.as_object() else {
@@ -336,6 +338,12 @@ fn check_option_counts(questions: &Map<String, Value>, max_choice_options: usize
     Ok(())
 }
 
+/// 0.4.15's `_state_length` of a state that is not a string: the cheap lower bound when it already
+/// exceeds the cap, else the length of its JSON text.
+pub(crate) fn state_chars_0_4(state: &Value) -> usize {
+    state_length_lower_bound_over(state, MAX_STATE_CHARS).unwrap_or_else(|| py_len(&py_json(state, Separators::Spaced)))
+}
+
 /// 0.4.15's `_state_length_lower_bound_over`: the summed lengths of the strings among the first 64
 /// values a stack walk visits, once that already exceeds `cap`; `None` when it does not, or when
 /// the walk meets a number, bool or null first (then the exact serialized length decides).
@@ -365,7 +373,7 @@ fn state_length_lower_bound_over(state: &Value, cap: usize) -> Option<usize> {
 /// escape of U+FFFD, which serde_json accepts, and says whether there was one. 0.4.15 parses such
 /// bodies (Python's `json` keeps lone surrogates) and refuses them only after its size checks,
 /// which count a lone surrogate as one character, as U+FFFD is.
-fn mask_lone_surrogates(text: &str) -> (Cow<'_, str>, bool) {
+pub(crate) fn mask_lone_surrogates(text: &str) -> (Cow<'_, str>, bool) {
     let bytes = text.as_bytes();
     let surrogate_at = |i: usize| -> Option<u16> {
         let hex = bytes.get(i..i + 6)?;
@@ -409,7 +417,7 @@ fn mask_lone_surrogates(text: &str) -> (Cow<'_, str>, bool) {
 }
 
 /// The 0.4.15 controls, in upstream's order, each with its 422 text.
-fn read_controls(body: &Map<String, Value>, limits: RequestLimits) -> Result<Controls, RequestError> {
+pub(crate) fn read_controls(body: &Map<String, Value>, limits: RequestLimits) -> Result<Controls, RequestError> {
     let present = |key: &str| body.get(key).filter(|v| !v.is_null());
     let budget = |key: &str| -> Result<Option<usize>, RequestError> {
         let Some(value) = present(key) else {

@@ -176,6 +176,12 @@ impl RouteError {
     }
 }
 
+/// `normalise_name`'s `ValueError` text for a name that is no checkpoint or alias (used for
+/// `LAYA_DEFAULT_MODEL`, which upstream refuses at start-up with it).
+pub fn unknown_model_name(name: &str) -> String {
+    unknown_model(&py_repr_str(python_key(name).as_str()))
+}
+
 /// `ValueError("unknown model %r; choose one of %s (or an alias: %s)")` of `Router.resolve` and
 /// `normalise_name`, for a name already written as its Python repr.
 fn unknown_model(name_repr: &str) -> String {

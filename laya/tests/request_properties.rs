@@ -32,6 +32,7 @@ fn check(
         auto_task,
         limits: RequestLimits::default(),
         default_checkpoint: None,
+        output: laya::output::OutputProfile::Laya,
     };
     let prepared = parse_body(body, upstream, options.limits)
         .and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use layad_config::{CheckpointSource, Config, Flags, Sources, ignored_upstream_variables};
+use layad_config::{CheckpointSource, Config, Flags, NoteLevel, Sources};
 use layad_hub::FetchOptions;
 
 use crate::checkpoints::Checkpoints;
@@ -195,8 +195,8 @@ fn service(command: ServiceCommand) -> ExitCode {
 
 fn serve(args: ServeArgs) -> ExitCode {
     let sources = Sources::with_process_env(args.config, Flags { listen: args.listen });
-    let mut config = match Config::load(&sources) {
-        Ok(config) => config,
+    let (mut config, notes) = match Config::load_with_notes(&sources) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("layad: {e}");
             return ExitCode::FAILURE;
@@ -211,8 +211,12 @@ fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("layad: {e}");
         return ExitCode::FAILURE;
     }
-    for (variable, instead) in ignored_upstream_variables(&sources) {
-        tracing::warn!("{variable} is set but layad does not read it; use {instead} (config/README.md)");
+    // Upstream's LAYA_* variables: each one used is logged, each without effect warned about.
+    for note in &notes {
+        match note.level {
+            NoteLevel::Info => tracing::info!(variable = note.variable, "{}", note.message),
+            NoteLevel::Warn => tracing::warn!(variable = note.variable, "{} (config/README.md)", note.message),
+        }
     }
     match serde_json::to_string(&config) {
         // The API key is not part of the serialized configuration, so this cannot leak it.
@@ -281,8 +285,8 @@ fn reload(args: ReloadArgs) -> ExitCode {
 /// `layad check`: the configuration, then one block per checkpoint; exit 1 on any problem.
 fn check(args: CheckArgs) -> ExitCode {
     let sources = Sources::with_process_env(args.config.clone(), Flags::default());
-    let config = match Config::load(&sources) {
-        Ok(config) => config,
+    let (config, notes) = match Config::load_with_notes(&sources) {
+        Ok(loaded) => loaded,
         Err(e) => {
             println!("{e}");
             return ExitCode::FAILURE;
@@ -292,8 +296,12 @@ fn check(args: CheckArgs) -> ExitCode {
         Some(file) => println!("configuration: {} ok", file.display()),
         None => println!("configuration: built-in defaults (no --config) ok"),
     }
-    for (variable, instead) in ignored_upstream_variables(&sources) {
-        println!("  warning   {variable} is set but layad does not read it; use {instead}");
+    for note in &notes {
+        let label = match note.level {
+            NoteLevel::Info => "upstream ",
+            NoteLevel::Warn => "warning  ",
+        };
+        println!("  {label} {}", note.message);
     }
     println!("  listen    {}", config.server.listen);
     let auth = match (&config.api_key, &config.server.api_key_file) {

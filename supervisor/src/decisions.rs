@@ -6,15 +6,23 @@
 //! Preparation is CPU and memory work proportional to the body (at most `server.max_body_bytes`;
 //! tokenization is bounded by what a row can hold): at most one request per core prepares at once,
 //! the others wait for a turn within their deadline.
+//!
+//! A batch (`POST /v1/systemone/batch`) is prepared in one turn, then each state's rows are their
+//! own job, all submitted at once so the scheduler spreads them over pools and workers like any
+//! other requests; the batch has one deadline, fails as a whole on the first job refused, and its
+//! results are rendered in request order.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use laya::decision::{DecisionOptions, PreparedDecision, prepare, respond};
+use laya::batch::{BatchRequest, parse_batch_body, render_batch};
+use laya::decision::{DecisionOptions, PreparedDecision, prepare, prepare_routed, respond, route_request};
+use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
 use laya::request::{RequestError, parse_body};
 use laya::routing::CheckpointName;
+use laya::routing::RoutingDecision;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -64,6 +72,20 @@ pub struct Outcome {
     pub pool: Option<String>,
     /// Where the time went.
     pub timings: Timings,
+}
+
+/// The outcome of one batch.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    /// The answer's JSON text, or why there is none.
+    pub result: Result<String, DecisionError>,
+    /// How many states it carried, once parsed.
+    pub states: usize,
+    /// Where the time went: `queue` is the longest wait of its jobs, `device` their summed device
+    /// time.
+    pub timings: Timings,
+    /// Each job's pool, class, queue wait and device time, for the per-pool histograms.
+    pub jobs: Vec<(String, JobClass, Duration, Duration)>,
 }
 
 /// Turns admitted bodies into answers.
@@ -162,6 +184,129 @@ impl Decisions {
         outcome
     }
 
+    /// Answers a batch whose (decoded) body is `json` (upstream 0.4.15's route; the caller refuses
+    /// it under 0.3.20). One deadline for the whole batch, from `prepare_started`.
+    pub async fn answer_batch(&self, json: Bytes, prepare_started: Instant, request_id: &str) -> BatchOutcome {
+        let deadline = prepare_started + self.request_timeout;
+        let mut outcome = BatchOutcome {
+            result: Err(DecisionError::Internal("not prepared".to_owned())),
+            states: 0,
+            timings: Timings::default(),
+            jobs: Vec::new(),
+        };
+        let checkpoints = Arc::clone(&self.checkpoints);
+        let options = self.options;
+        let turn = match tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            Arc::clone(&self.preparing).acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(turn)) => turn,
+            Ok(Err(_)) | Err(_) => {
+                outcome.timings.prepare = Some(prepare_started.elapsed());
+                outcome.result = Err(BackendError::DeadlineExpired.into());
+                return outcome;
+            }
+        };
+        let prepared = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let batch = parse_batch_body(&json, options.limits)?;
+            prepare_batch(&batch, &checkpoints, options)
+        })
+        .await;
+        outcome.timings.prepare = Some(prepare_started.elapsed());
+        let prepared = match prepared {
+            Ok(Ok(prepared)) => prepared,
+            Ok(Err(e)) => {
+                outcome.result = Err(e.into());
+                return outcome;
+            }
+            Err(join) => {
+                tracing::error!(request_id, error = %join, "preparing the batch panicked");
+                outcome.result = Err(DecisionError::Internal(format!("preparing the batch panicked: {join}")));
+                return outcome;
+            }
+        };
+        outcome.states = prepared.len();
+        outcome.result = self.run_batch(&prepared, request_id, deadline, &mut outcome).await;
+        if outcome.result.is_ok() {
+            outcome.timings.inference = Some(prepare_started.elapsed());
+        }
+        outcome
+    }
+
+    /// Submits every state's rows as its own job at once, waits for all of them by `deadline`
+    /// (the first refusal or failure ends the batch and withdraws the rest), and renders the
+    /// results in request order.
+    async fn run_batch(
+        &self,
+        prepared: &[PreparedDecision],
+        request_id: &str,
+        deadline: Instant,
+        outcome: &mut BatchOutcome,
+    ) -> Result<String, DecisionError> {
+        let runs = prepared.iter().enumerate().map(|(i, p)| {
+            let job = (!p.rows.is_empty()).then(|| Job {
+                request_id: format!("{request_id}/{i}"),
+                checkpoint: p.checkpoint(),
+                rows: p.rows.clone(),
+                deadline,
+            });
+            let backend = Arc::clone(&self.backend);
+            async move {
+                match job {
+                    None => Ok(None),
+                    Some(job) => backend.run(job).await.map(Some),
+                }
+            }
+        });
+        let all = futures::future::try_join_all(runs);
+        let outputs = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), all).await {
+            Ok(Ok(outputs)) => outputs,
+            Ok(Err(e)) => {
+                if let BackendError::Failed(reason) = &e {
+                    tracing::error!(request_id, %reason, "batch inference failed");
+                }
+                return Err(e.into());
+            }
+            Err(_) => return Err(BackendError::DeadlineExpired.into()),
+        };
+        let diagnostics = self.live.diagnostics();
+        let mut results = Vec::with_capacity(prepared.len());
+        for (p, output) in prepared.iter().zip(outputs) {
+            let checkpoint = self.checkpoints.get(p.checkpoint()).ok_or_else(|| {
+                DecisionError::Internal(format!(
+                    "checkpoint '{}' was routed to but is not open",
+                    p.checkpoint().as_str()
+                ))
+            })?;
+            let rows: &[laya::decision::RowOutput] = match &output {
+                Some(output) => {
+                    let answer = &output.answer;
+                    let class = JobClass::of(p.rows.len(), p.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0));
+                    outcome
+                        .jobs
+                        .push((answer.pool.clone(), class, answer.queue_wait, answer.device_time));
+                    let timings = &mut outcome.timings;
+                    timings.queue = Some(timings.queue.map_or(answer.queue_wait, |q| q.max(answer.queue_wait)));
+                    timings.device = Some(timings.device.unwrap_or_default() + answer.device_time);
+                    &answer.outputs
+                }
+                None => &[],
+            };
+            let mut body = respond(p, checkpoint, rows)?;
+            if diagnostics
+                && p.output == OutputProfile::Laya
+                && let (Some(output), Some(object)) = (&output, body.as_object_mut())
+            {
+                object.insert("x_layad".to_owned(), diagnostics_block(output));
+            }
+            results.push(body);
+        }
+        Ok(render_batch(results))
+    }
+
     /// Runs the rows (if any) by `deadline` and renders the answer.
     async fn run(
         &self,
@@ -208,13 +353,35 @@ impl Decisions {
             output.answer.outputs
         };
         let mut body = respond(prepared, checkpoint, &outputs)?;
+        // A strict Jev client rejects keys the contract does not define, so `jev-strict` answers
+        // carry no `x_layad` whatever `server.diagnostics` says.
         if self.live.diagnostics()
+            && prepared.output == OutputProfile::Laya
             && let (Some(block), Some(object)) = (diagnostics, body.as_object_mut())
         {
             object.insert("x_layad".to_owned(), block);
         }
         Ok(py_json(&body, Separators::Compact))
     }
+}
+
+/// Every state of a batch routed (in order: routing refusals come first, as upstream routes the
+/// whole batch before it validates questions), then validated and tokenized.
+fn prepare_batch(
+    batch: &BatchRequest,
+    checkpoints: &Checkpoints,
+    options: DecisionOptions,
+) -> Result<Vec<PreparedDecision>, RequestError> {
+    let requests: Vec<_> = (0..batch.states.len()).filter_map(|i| batch.request(i)).collect();
+    let routes: Vec<RoutingDecision> = requests
+        .iter()
+        .map(|r| route_request(r, options))
+        .collect::<Result<_, _>>()?;
+    requests
+        .iter()
+        .zip(routes)
+        .map(|(r, routing)| prepare_routed(r, routing, |name| checkpoints.get(name), options))
+        .collect()
 }
 
 /// The `x_layad` object: where the job ran, why there, and where its time went.

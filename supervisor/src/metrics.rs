@@ -36,6 +36,13 @@ struct RequestLabels {
     pool: String,
 }
 
+/// Labels of `layad_batch_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BatchLabels {
+    /// HTTP status code.
+    status: u16,
+}
+
 /// A `checkpoint` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckpointLabel {
@@ -63,6 +70,7 @@ pub struct Metrics {
     prepare_duration: Histogram,
     queue_wait: Family<PoolClassLabels, Histogram>,
     device_duration: Family<PoolLabel, Histogram>,
+    batch_requests: Family<BatchLabels, Counter>,
 }
 
 /// Latency buckets from 0.5 ms to about 16 s, doubling.
@@ -109,6 +117,12 @@ impl Metrics {
             Unit::Seconds,
             device_duration.clone(),
         );
+        let batch_requests = Family::<BatchLabels, Counter>::default();
+        registry.register(
+            "layad_batch_requests",
+            "POST /v1/systemone/batch answers by status (each state's job also counts in layad_queue_wait and layad_device_duration)",
+            batch_requests.clone(),
+        );
         registry.register_collector(Box::new(BackendCollector { backend }));
         Self {
             registry,
@@ -117,6 +131,7 @@ impl Metrics {
             prepare_duration,
             queue_wait,
             device_duration,
+            batch_requests,
         }
     }
 
@@ -154,6 +169,30 @@ impl Metrics {
         let label = PoolLabel { pool };
         if let Some(device) = timings.device {
             self.device_duration.get_or_create(&label).observe(device.as_secs_f64());
+        }
+    }
+
+    /// Records one `POST /v1/systemone/batch` answer and the queue wait and device time of each of
+    /// its jobs (`(pool, class, queue wait, device time)`).
+    pub fn record_batch(
+        &self,
+        status: u16,
+        prepare: Option<Duration>,
+        jobs: &[(String, JobClass, Duration, Duration)],
+    ) {
+        self.batch_requests.get_or_create(&BatchLabels { status }).inc();
+        if let Some(prepare) = prepare {
+            self.prepare_duration.observe(prepare.as_secs_f64());
+        }
+        for (pool, class, queue, device) in jobs {
+            let labels = PoolClassLabels {
+                pool: pool.clone(),
+                class: class.name().to_owned(),
+            };
+            self.queue_wait.get_or_create(&labels).observe(queue.as_secs_f64());
+            self.device_duration
+                .get_or_create(&PoolLabel { pool: pool.clone() })
+                .observe(device.as_secs_f64());
         }
     }
 

@@ -213,6 +213,7 @@ async fn non_loopback_host_names_get_421_on_a_loopback_bind() {
     assert_eq!(evil.status, 421);
     assert!(evil.detail().contains("'evil.example:8642'"), "{}", evil.detail());
     assert!(evil.header("x-request-id").is_some());
+    assert_eq!(evil.header("x-typesafe-request-id"), evil.header("x-request-id"));
     let posted = server
         .post(
             "/v1/systemone",
@@ -245,6 +246,8 @@ async fn request_ids_are_echoed_or_generated_and_timing_is_reported() {
         .await;
     assert_eq!(response.status, 200);
     assert_eq!(response.header("x-request-id"), Some("client-42"));
+    // The Jev API's name for the same id (jevantic reads it), on every answer.
+    assert_eq!(response.header("x-typesafe-request-id"), Some("client-42"));
     let timing = response.header("server-timing").expect("Server-Timing");
     let phases: Vec<&str> = timing.split(", ").map(|p| p.split(';').next().unwrap_or("")).collect();
     // Upstream 0.4.x's own entry first, two decimals, and the same time in X-Inference-Time-Ms.
@@ -262,6 +265,8 @@ async fn request_ids_are_echoed_or_generated_and_timing_is_reported() {
 
     let a = server.get("/livez", &[]).await;
     let b = server.get("/livez", &[("x-request-id", "has space")]).await;
+    assert_eq!(a.header("x-typesafe-request-id"), a.header("x-request-id"));
+    assert_eq!(b.header("x-typesafe-request-id"), b.header("x-request-id"));
     let (a, b) = (
         a.header("x-request-id").expect("id"),
         b.header("x-request-id").expect("id"),

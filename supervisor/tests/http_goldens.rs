@@ -17,6 +17,9 @@ fn check_common_headers(name: &str, response: &Response, failures: &mut Vec<Stri
     if response.header("x-request-id").is_none_or(str::is_empty) {
         failures.push(format!("{name}: no x-request-id"));
     }
+    if response.header("x-typesafe-request-id") != response.header("x-request-id") {
+        failures.push(format!("{name}: x-typesafe-request-id differs from x-request-id"));
+    }
     if !response
         .header("server-timing")
         .is_some_and(|t| t.contains("total;dur="))
@@ -195,10 +198,6 @@ fn deliberate_bad_request(name: &str, upstream: Upstream) -> Expect {
         "auth_trailing_space" => Expect::Status(200),
         // No OpenAPI/docs routes.
         "openapi_json_served_informational" => Expect::Detail(404, "Not Found"),
-        // 0.4.15's batch route is not served yet (its own issue).
-        name if name.starts_with("batch_") || (name == "unknown_post_path_404" && upstream.is_0_4()) => {
-            Expect::Detail(404, "Not Found")
-        }
         _ => Expect::Upstream,
     }
 }

@@ -14,7 +14,7 @@ fn layad() -> Command {
         .env_remove("LAYA_API_KEY")
         .env_remove("LAYAD_CONFIG");
     for (name, _) in std::env::vars() {
-        if name.starts_with("LAYAD_") {
+        if name.starts_with("LAYAD_") || name.starts_with("LAYA_") {
             command.env_remove(name);
         }
     }

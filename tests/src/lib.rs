@@ -138,6 +138,13 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
+        // Upstream's LAYA_* variables now mean something to layad: none leaks in from the shell
+        // running the tests.
+        for (name, _) in std::env::vars() {
+            if name.starts_with("LAYA_") {
+                command.env_remove(name);
+            }
+        }
         match sockets {
             SocketDir::Own => {
                 command.env("LAYAD_WORKERS__SOCKET_DIR", dir.path().join("sockets"));

@@ -10,7 +10,8 @@ Rules:
 * `answers.<qid>.choice` may differ only where upstream's two largest `probabilities` are within
   `TIE_TOL` (2e-4);
 * `detail` is compared exactly (kind `detail`);
-* the top-level `routing` value is compared as raw bytes of the response (kind `routing`);
+* the top-level `routing` value is compared as raw bytes of the response (kind `routing`); a batch
+  result's `routing` (`results[i].routing`) is compared by value like the rest;
 * non-JSON bodies are compared byte for byte (kind `body`);
 * where upstream sends `Server-Timing` / `X-Inference-Time-Ms`, layad must send them too
   (`header_missing`) in upstream's format (`header_format`: `inference;dur=<ms>` among the
@@ -182,7 +183,7 @@ def diff_values(a, b, path, out, answer=None, theirs=None):
         for k, v in a:
             if k in bmap:
                 sub = path + "." + k if path else k
-                if path == "answers":
+                if path == "answers" or path.endswith(".answers"):  # a batch's results[i].answers too
                     diff_values(v, bmap[k], sub, out, v, bmap[k])
                 else:
                     diff_values(v, bmap[k], sub, out, answer, theirs)

@@ -483,11 +483,76 @@ def golden_requests(g):
                           "body": base64.b64decode(c["body_base64"]), "tags": tags})
 
 
-def generate(seed=DEFAULT_SEED, include_goldens=True):
+BATCH = "/v1/systemone/batch"
+
+
+def batch_requests(seed):
+    """`POST /v1/systemone/batch` (0.4.15's route; 0.3.20 answers 404): good batches of every state
+    shape with shared questions and the controls, and every refusal in its order. A generator of its
+    own (seed + 1), so adding it left the single-route bodies byte for byte as they were."""
+    g = Gen(seed + 1)
+    r = g.r
+    add = lambda obj, tags=(): g.addj("batch", obj, tags, path=BATCH)  # noqa: E731
+    for n in (1, 2, 3, 8, 64):
+        add({"states": [g.state() for _ in range(n)], "questions": g.questions()})
+    for _ in range(40):
+        body = {"states": [g.state() for _ in range(r.choice([1, 2, 3, 5, 9]))], "questions": g.questions()}
+        for key, vals in (("model", ["ml", "en", "typed", None]), ("task", ["typed", None]),
+                          ("lang", ["de", "en", None]), ("lang_guess", ["de", "und"]),
+                          ("max_len", [64, 128]), ("head_max_len", [32, 64]),
+                          ("min_confidence", [0.5, {"default": 0.4}, 0.95]),
+                          ("batch_size", [1, 2, 7, 100]), ("sort_by_length", [True, False, None])):
+            if r.random() < 0.25:
+                body[key] = r.choice(vals)
+        add(body)
+    add({"states": [EN, DE, STATES["ja"]], "questions": {}})
+    add({"states": [EN, DE], "questions": {"a": Q_CHOICE, "b": Q_SCORE, "c": Q_NOUL}, "batch_size": 1,
+         "sort_by_length": True})
+    # refusals, in upstream's order
+    qs = {"a": Q_CHOICE}
+    g.add("batch_invalid", b"{", path=BATCH)
+    g.add("batch_invalid", b"", path=BATCH)
+    for obj in ([EN], {"state": EN, "questions": qs}, {"states": [EN]}, {"questions": qs},
+                {"states": [], "questions": qs}, {"states": EN, "questions": qs}, {"states": None, "questions": qs},
+                {"states": [EN] * 65, "questions": "x"}, {"states": [EN, None], "questions": qs},
+                {"states": [None], "questions": []}, {"states": [EN], "questions": []},
+                {"states": [EN], "questions": {"q%d" % i: Q_NOUL for i in range(65)}},
+                {"states": [EN, "x" * 50001], "questions": qs},
+                {"states": [EN], "questions": {"c": q("choice", "?", ["o%d" % i for i in range(101)])}},
+                {"states": [EN], "questions": {"s": q("score", "?", ["a", None])}},
+                {"states": [EN], "questions": qs, "hooks": 1, "on_predict_end": "x"},
+                {"states": [EN], "questions": qs, "diagnostics": {}},
+                {"states": [EN], "questions": qs, "diagnostics": None},
+                {"states": [EN], "questions": qs, "model": "./local"},
+                {"states": [EN], "questions": qs, "max_len": 0},
+                {"states": [EN], "questions": qs, "max_len": 9000},
+                {"states": [EN], "questions": qs, "lang": 5},
+                {"states": [EN], "questions": qs, "min_confidence": 2},
+                {"states": [EN], "questions": qs, "batch_size": 0},
+                {"states": [EN], "questions": qs, "batch_size": -2},
+                {"states": [EN], "questions": qs, "batch_size": True},
+                {"states": [EN], "questions": qs, "batch_size": 1.5},
+                {"states": [EN], "questions": qs, "batch_size": "3"},
+                {"states": [EN], "questions": qs, "sort_by_length": "yes"},
+                {"states": [EN], "questions": qs, "sort_by_length": 1},
+                {"states": [EN], "questions": qs, "task": "chess"},
+                {"states": [EN, DE], "questions": {"a": {"type": "choice"}}},
+                {"states": [EN], "questions": {"a": q("choice", "?", ["x", "x"])}},
+                {"states": [EN], "questions": {"a": q("noul", None)}, "task": "chess"},
+                {"states": [EN], "questions": qs, "sort_by_length": 1, "batch_size": 0, "max_len": "x"}):
+        g.addj("batch_invalid", obj, path=BATCH)
+    g.add("batch_invalid", '{"states": ["\\ud800x"], "questions": {}}'.replace("\\\\", "\\"), ["lone_surrogate"],
+          path=BATCH)
+    return g.out
+
+
+def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True):
     g = Gen(seed)
     families(g)
     if include_goldens:
         golden_requests(g)
+    if include_batch:
+        g.out.extend(batch_requests(seed))
     ids = [x["id"] for x in g.out]
     assert len(ids) == len(set(ids))
     return g.out

@@ -1,9 +1,12 @@
-//! Admission of a decision request before any Laya work, in upstream's order: bearer key, declared
-//! size, then the body streamed under a byte cap and a deadline, then its `Content-Encoding` decoded.
+//! Admission of a decision request before any Laya work, in upstream's order: bearer key, the
+//! in-progress cap when one is configured (`server.max_concurrent`, upstream's
+//! `LAYA_MAX_CONCURRENT`), declared size, then the body streamed under a byte cap and a deadline,
+//! then its `Content-Encoding` decoded.
 //!
 //! Decoding stops one byte past the cap, so a decompression bomb costs at most the cap to refuse.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -12,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use layad_config::ApiKey;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::http::response::ApiError;
 
@@ -25,6 +29,8 @@ pub struct Admission {
     api_key: Option<ApiKey>,
     max_body_bytes: usize,
     body_timeout: Duration,
+    /// Places for decision requests in progress (`server.max_concurrent`); `None`: no cap.
+    in_progress: Option<Arc<Semaphore>>,
 }
 
 impl Admission {
@@ -34,6 +40,25 @@ impl Admission {
             api_key,
             max_body_bytes,
             body_timeout,
+            in_progress: None,
+        }
+    }
+
+    /// At most `cap` admitted requests in progress at once; more are refused at once (503).
+    pub fn with_max_concurrent(mut self, cap: Option<u32>) -> Self {
+        self.in_progress = cap.map(|n| Arc::new(Semaphore::new(n as usize)));
+        self
+    }
+
+    /// Upstream 0.4.15's admission: a place, or 503 `server busy, try again later` with
+    /// `Retry-After: 1` without queueing.
+    fn take_place(&self) -> Result<Option<OwnedSemaphorePermit>, ApiError> {
+        match &self.in_progress {
+            None => Ok(None),
+            Some(places) => Arc::clone(places)
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(|_| ApiError::unavailable("server busy, try again later", Duration::from_secs(1))),
         }
     }
 
@@ -42,6 +67,7 @@ impl Admission {
     pub async fn admit(&self, request: Request) -> Result<Admitted, ApiError> {
         let (parts, body) = request.into_parts();
         self.authorize(&parts.headers)?;
+        let place = self.take_place()?;
         let encoding = self.check_headers(&parts.headers)?;
         let wire = self.read_body(body).await?;
         let prepare_started = Instant::now();
@@ -57,7 +83,11 @@ impl Admission {
                     })??
             }
         };
-        Ok(Admitted { json, prepare_started })
+        Ok(Admitted {
+            json,
+            prepare_started,
+            _place: place,
+        })
     }
 
     /// Upstream's bearer check: with a key configured, the `Authorization` header must be exactly
@@ -128,6 +158,8 @@ pub struct Admitted {
     pub json: Bytes,
     /// When host work on it began (its decoding), for the prepare timing.
     pub prepare_started: Instant,
+    /// Its place under `server.max_concurrent`, held until the answer is ready.
+    _place: Option<OwnedSemaphorePermit>,
 }
 
 /// Compares without returning early, so the time taken does not tell how much of a guess matched.

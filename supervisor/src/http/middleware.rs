@@ -1,5 +1,6 @@
-//! What wraps every request: its id (`x-request-id`, echoed or generated), the DNS-rebinding `Host`
-//! check on loopback binds (421), the `Server-Timing` header, and one log line per request.
+//! What wraps every request: its id (`x-request-id`, echoed or generated, and the same id again in
+//! the Jev API's `x-typesafe-request-id`), the DNS-rebinding `Host` check on loopback binds (421),
+//! the `Server-Timing` header, and one log line per request.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -17,6 +18,9 @@ use crate::http::response::ApiError;
 
 /// The `x-request-id` header.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The Jev API's name for the same id: Jev clients (jevantic) read it from every answer, and
+/// neither upstream release sends it, so layad sends both in every profile.
+static TYPESAFE_REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-id");
 /// The `server-timing` header.
 static SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
@@ -149,7 +153,7 @@ fn server_timing(timings: &Timings, total: Duration) -> String {
 }
 
 /// Wraps every request: id, `Host` check (when `host_check` is set), then the route, then
-/// `x-request-id` and `Server-Timing` on whatever answer came back.
+/// `x-request-id`, `x-typesafe-request-id` and `Server-Timing` on whatever answer came back.
 pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request: Request, next: Next) -> Response {
     let context = RequestContext {
         id: request_id(request.headers()),
@@ -171,6 +175,7 @@ pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request
     let timings = response.extensions().get::<Timings>().copied().unwrap_or_default();
     let headers = response.headers_mut();
     if let Ok(id) = HeaderValue::from_str(&context.id) {
+        headers.insert(TYPESAFE_REQUEST_ID.clone(), id.clone());
         headers.insert(REQUEST_ID.clone(), id);
     }
     if let Ok(timing) = HeaderValue::from_str(&server_timing(&timings, total)) {

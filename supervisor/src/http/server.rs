@@ -75,7 +75,8 @@ impl Server {
         raise_open_files_limit(server.max_connections);
         let live = Arc::new(LiveSettings::new(config));
         let app = App {
-            admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout),
+            admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout)
+                .with_max_concurrent(server.max_concurrent),
             decisions: Decisions::new(
                 Arc::clone(&checkpoints),
                 Arc::clone(&backend),
@@ -87,6 +88,7 @@ impl Server {
                         ..RequestLimits::default()
                     },
                     default_checkpoint: config.compat.default_checkpoint,
+                    output: config.compat.output,
                 },
                 server.request_timeout,
                 Arc::clone(&live),
@@ -253,8 +255,12 @@ fn raise_open_files_limit(max_connections: usize) {
 
 /// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.
 pub fn router(app: Arc<App>, host_check: Option<Arc<HostCheck>>) -> Router {
-    Router::new()
-        .route(routes::SYSTEMONE, post(routes::systemone::systemone))
+    let mut router = Router::new().route(routes::SYSTEMONE, post(routes::systemone::systemone));
+    // 0.3.20 has no batch route: there the path is unknown (404), as upstream answers.
+    if app.decisions.upstream().is_0_4() {
+        router = router.route(routes::BATCH, post(routes::batch::batch));
+    }
+    router
         .route(routes::MODELS, get(routes::models::list))
         .route(routes::HEALTH, get(routes::health::health))
         .route(routes::LIVEZ, get(routes::health::livez))

@@ -1,19 +1,25 @@
 //! The endpoints, one module per group, and FastAPI's answers for everything else: 404
 //! `Not Found`, and a 307 to the same path without its trailing slash when that path exists.
 
+pub mod batch;
 pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod systemone;
 
-use axum::extract::Request;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::http::app::App;
 use crate::http::response::ApiError;
 
 /// The decision endpoint.
 pub const SYSTEMONE: &str = "/v1/systemone";
+/// The batch decision endpoint (upstream 0.4.15 only).
+pub const BATCH: &str = "/v1/systemone/batch";
 /// The Jev model list.
 pub const MODELS: &str = "/v1/models";
 /// Health report (JSON).
@@ -30,9 +36,13 @@ const ROUTES: [&str; 6] = [SYSTEMONE, MODELS, HEALTH, LIVEZ, READYZ, METRICS];
 
 /// Unknown path: 404, or Starlette's `redirect_slashes` 307 when removing the trailing slash
 /// names a route (the `Location` is absolute, built from the `Host` header as Starlette does).
-pub async fn not_found(request: Request) -> Response {
+pub async fn not_found(State(app): State<Arc<App>>, request: Request) -> Response {
     let path = request.uri().path();
-    let Some(trimmed) = path.strip_suffix('/').filter(|p| ROUTES.contains(p)) else {
+    let batch = app.decisions.upstream().is_0_4();
+    let Some(trimmed) = path
+        .strip_suffix('/')
+        .filter(|p| ROUTES.contains(p) || (batch && *p == BATCH))
+    else {
         return ApiError::not_found().into_response();
     };
     let host = request

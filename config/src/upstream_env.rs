@@ -1,0 +1,646 @@
+//! Upstream `laya-serve`'s environment (`LAYA_*`), read the way `laya[serve]==0.4.15` reads it, so
+//! that a `laya-serve` unit file's environment starts layad with the same meaning.
+//!
+//! Precedence: built-in defaults < TOML file < `LAYA_*` < `LAYAD_*` < flags. A `LAYA_*` variable
+//! replaces what the file says (it is the operator's newer, more specific word, as it is for
+//! upstream, which has no file), and a `LAYAD_*` variable or a flag for the same key replaces it
+//! (layad's own spelling is the more deliberate one); an overridden `LAYA_*` variable is warned
+//! about. Each variable that is used yields a [`Note`] the supervisor logs at start-up; one without
+//! a layad meaning yields a warning saying why.
+//!
+//! Parsing follows upstream: blank values mean unset; a bad `LAYA_PORT`, `LAYA_LOG_LEVEL`,
+//! `LAYA_DEFAULT_MODEL` or `LAYA_MODELS` refuses to start (upstream exits), while the numeric knobs
+//! upstream falls back on (`LAYA_THREADS`, `LAYA_MAX_CONCURRENT`, `LAYA_MAX_TOKEN_BUDGET`,
+//! `LAYA_BODY_READ_TIMEOUT`, `LAYA_TOURNAMENT_GROUP`) keep the lower layer's value with a warning.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use laya::output::OutputProfile;
+use laya::python_text::py_repr_str;
+use laya::routing::{CheckpointName, unknown_model_name};
+use laya::upstream::Upstream;
+
+use crate::error::Problem;
+use crate::schema::{CheckpointSource, Config, Device, WorkerKind};
+
+/// How loud a note is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoteLevel {
+    /// The variable was applied.
+    Info,
+    /// The variable changes nothing (no layad meaning, overridden, or a value upstream also
+    /// ignores).
+    Warn,
+}
+
+/// What layad made of one upstream variable, for the start-up log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// The variable, e.g. `LAYA_PORT`.
+    pub variable: &'static str,
+    /// Info or warning.
+    pub level: NoteLevel,
+    /// What happened, e.g. `LAYA_PORT=8000: server.listen = 127.0.0.1:8000`.
+    pub message: String,
+}
+
+/// Variables with no layad meaning, and why.
+const WITHOUT_MEANING: [(&str, &str); 12] = [
+    (
+        "LAYA_MAX_LOADED",
+        "layad keeps every served checkpoint resident in its workers",
+    ),
+    (
+        "LAYA_IDLE_UNLOAD_SECONDS",
+        "idle unload is not implemented: checkpoints stay resident",
+    ),
+    (
+        "LAYA_EXTRA_MODELS",
+        "extra checkpoints are not served yet; a request naming one is routed as if it named none",
+    ),
+    (
+        "LAYA_MAX_BATCH_TOKENS",
+        "each state of a batch is its own job; a pool's max_batch_tokens bounds one forward pass",
+    ),
+    (
+        "LAYA_ROOT_PATH",
+        "layad serves no documentation routes, which is all upstream's root path changes",
+    ),
+    ("LAYA_CPU_AMP", "set pool.dtype instead (\"bf16\", \"f16\", \"int8\")"),
+    ("LAYA_CUDA_AMP", "set pool.dtype instead (\"f16\", \"bf16\")"),
+    ("LAYA_MPS_AMP_MIN_ROWS", "set pool.dtype instead (\"f16\")"),
+    (
+        "LAYA_REVISION",
+        "layad serves the files in the cache or directory configured in [checkpoints]; /health reports their revision",
+    ),
+    (
+        "LAYA_SHA256_DIGESTS",
+        "layad reports each served file's SHA-256 in /health instead of checking a list",
+    ),
+    (
+        "LAYA_INDUCTOR_CACHE_DIR",
+        "the workers run candle kernels; there is no torch.compile cache",
+    ),
+    (
+        "LAYA_COMPILE_WARMUP",
+        "the workers run candle kernels and warm every checkpoint before they serve",
+    ),
+];
+
+/// What [`apply`] needs to know about the layers above the file: whether `LAYAD_*` or a flag set
+/// a key, and then its origin (`environment variable LAYAD_SERVER__LISTEN`, `flag --listen`).
+pub trait Overrides {
+    /// The origin of `path` when a `LAYAD_*` variable or a flag set it.
+    fn overridden(&self, path: &[&str]) -> Option<String>;
+}
+
+/// Upstream 0.4.15's `_env_bool`: unset or blank → `None`; `1/true/yes/on` (any case, stripped) →
+/// true; anything else false.
+fn env_bool(value: &str) -> Option<bool> {
+    let v = value.trim();
+    (!v.is_empty()).then(|| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+}
+
+/// Collects notes and problems while applying.
+struct Applier<'a> {
+    config: &'a mut Config,
+    overrides: &'a dyn Overrides,
+    notes: Vec<Note>,
+    problems: Vec<Problem>,
+}
+
+impl Applier<'_> {
+    fn info(&mut self, variable: &'static str, message: String) {
+        self.notes.push(Note {
+            variable,
+            level: NoteLevel::Info,
+            message,
+        });
+    }
+
+    fn warn(&mut self, variable: &'static str, message: String) {
+        self.notes.push(Note {
+            variable,
+            level: NoteLevel::Warn,
+            message,
+        });
+    }
+
+    fn problem(&mut self, key: &str, variable: &'static str, message: String) {
+        self.problems.push(Problem {
+            key: key.to_owned(),
+            origin: format!("environment variable {variable}"),
+            message,
+        });
+    }
+
+    /// True (and a warning) when a higher layer set `path`.
+    fn shadowed(&mut self, variable: &'static str, value: &str, path: &[&str]) -> bool {
+        match self.overrides.overridden(path) {
+            Some(origin) => {
+                self.warn(
+                    variable,
+                    format!(
+                        "{variable}={value} is not used: {origin} sets {} and wins over LAYA_*",
+                        path.join(".")
+                    ),
+                );
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Applies the upstream variables set in `env` to `config` (already holding defaults < file <
+/// `LAYAD_*` < flags), under the precedence in the module docs. Returns what to log and what
+/// refuses the configuration.
+pub fn apply(
+    config: &mut Config,
+    env: &dyn Fn(&str) -> Option<String>,
+    overrides: &dyn Overrides,
+) -> (Vec<Note>, Vec<Problem>) {
+    let mut a = Applier {
+        config,
+        overrides,
+        notes: Vec::new(),
+        problems: Vec::new(),
+    };
+    let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+
+    listen(&mut a, set("LAYA_HOST"), set("LAYA_PORT"));
+    if let Some(value) = set("LAYA_DEVICE") {
+        device(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_THREADS") {
+        threads(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_MODELS") {
+        models(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_PRELOAD") {
+        let on = env_bool(&value).unwrap_or(true);
+        a.warn(
+            "LAYA_PRELOAD",
+            if on {
+                format!("LAYA_PRELOAD={value}: layad always loads and warms every served checkpoint before serving")
+            } else {
+                format!(
+                    "LAYA_PRELOAD={value} has no effect: layad loads and warms every served checkpoint before it \
+                     serves (there is no lazy loading)"
+                )
+            },
+        );
+    }
+    if let Some(value) = set("LAYA_AUTO_TASK") {
+        let on = env_bool(&value).unwrap_or(false);
+        if !a.shadowed("LAYA_AUTO_TASK", &value, &["server", "auto_task"]) {
+            a.config.server.auto_task = on;
+            a.info(
+                "LAYA_AUTO_TASK",
+                format!("LAYA_AUTO_TASK={value}: server.auto_task = {on}"),
+            );
+        }
+    }
+    if let Some(value) = set("LAYA_LOG_LEVEL") {
+        log_level(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_DEFAULT_MODEL") {
+        default_model(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_JEV_STRICT") {
+        jev_strict(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_TOURNAMENT_GROUP") {
+        tournament_group(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_MAX_TOKEN_BUDGET") {
+        max_token_budget(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_BODY_READ_TIMEOUT") {
+        body_read_timeout(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_MAX_CONCURRENT") {
+        max_concurrent(&mut a, &value);
+    }
+    if set("LAYA_API_KEY").is_some() {
+        // The key itself is read (and never shown) by `load::api_key`.
+        a.info(
+            "LAYA_API_KEY",
+            "LAYA_API_KEY is set: POST /v1/systemone, /v1/systemone/batch and /v1/models require it as a bearer key"
+                .into(),
+        );
+    }
+    for (variable, why) in WITHOUT_MEANING {
+        if let Some(value) = set(variable) {
+            a.warn(variable, format!("{variable}={value} has no effect in layad: {why}"));
+        }
+    }
+    (a.notes, a.problems)
+}
+
+/// `LAYA_HOST` / `LAYA_PORT` → `server.listen`. Each replaces its half of the lower layer's
+/// address; the other half stays (layad's default host is loopback, upstream's 0.0.0.0: a unit
+/// that sets only `LAYA_PORT` keeps layad's safer bind, and says so).
+fn listen(a: &mut Applier, host: Option<String>, port: Option<String>) {
+    if host.is_none() && port.is_none() {
+        return;
+    }
+    let shown = [("LAYA_HOST", &host), ("LAYA_PORT", &port)]
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={}", v.trim())))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut addr = a.config.server.listen;
+    let mut ok = true;
+    if let Some(raw) = &port {
+        // `_resolve_port`: int after strip, 1–65535, else exit with this text.
+        match raw.trim().parse::<u32>() {
+            Ok(p @ 1..=65535) => addr.set_port(p as u16),
+            _ => {
+                ok = false;
+                a.problem(
+                    "server.listen",
+                    "LAYA_PORT",
+                    format!("invalid LAYA_PORT {}: must be an integer 1-65535", py_repr_str(raw)),
+                );
+            }
+        }
+    }
+    if let Some(raw) = &host {
+        let text = raw.trim();
+        let bare = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')).unwrap_or(text);
+        let ip = if bare.eq_ignore_ascii_case("localhost") {
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        } else {
+            bare.parse::<IpAddr>().ok()
+        };
+        match ip {
+            Some(ip) => addr.set_ip(ip),
+            None => {
+                ok = false;
+                a.problem(
+                    "server.listen",
+                    "LAYA_HOST",
+                    format!(
+                        "{} is not an IP address; layad binds addresses, not host names (\"0.0.0.0\", \"127.0.0.1\", \"::\")",
+                        py_repr_str(raw)
+                    ),
+                );
+            }
+        }
+    }
+    if !ok {
+        return;
+    }
+    let variable = if host.is_some() { "LAYA_HOST" } else { "LAYA_PORT" };
+    if a.shadowed(variable, &shown, &["server", "listen"]) {
+        return;
+    }
+    a.config.server.listen = addr;
+    let note = if host.is_none() && !addr.ip().is_unspecified() {
+        format!(
+            "{shown}: server.listen = {addr} (layad binds {} unless LAYA_HOST or server.listen says otherwise; upstream's default was 0.0.0.0)",
+            addr.ip()
+        )
+    } else {
+        format!("{shown}: server.listen = {addr}")
+    };
+    a.info(variable, note);
+}
+
+/// `LAYA_DEVICE` → every `gpu` pool's `device` (torch's device strings: `cpu`, `cuda[:N]`, `mps`).
+fn device(a: &mut Applier, value: &str) {
+    let text = value.trim().to_ascii_lowercase();
+    let (kind, index) = text
+        .split_once(':')
+        .map_or((text.as_str(), None), |(k, i)| (k, Some(i)));
+    let device = match kind {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::Cuda,
+        "mps" => Device::Metal,
+        "auto" => Device::Auto,
+        _ => {
+            a.problem(
+                "pool.device",
+                "LAYA_DEVICE",
+                format!(
+                    "{}: layad's workers run on \"cpu\", \"cuda\" or \"mps\" (Metal); set pool.device for anything else",
+                    py_repr_str(value)
+                ),
+            );
+            return;
+        }
+    };
+    if index.is_some_and(|i| i != "0") {
+        a.warn(
+            "LAYA_DEVICE",
+            format!(
+                "LAYA_DEVICE={value}: layad's CUDA pools use the first visible GPU; select it with CUDA_VISIBLE_DEVICES"
+            ),
+        );
+    }
+    let mut applied = Vec::new();
+    for i in 0..a.config.pools.len() {
+        if a.config.pools[i].worker != WorkerKind::Gpu {
+            continue;
+        }
+        let index = i.to_string();
+        if a.shadowed("LAYA_DEVICE", value, &["pool", &index, "device"]) {
+            continue;
+        }
+        a.config.pools[i].device = device;
+        applied.push(a.config.pools[i].name.clone());
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_DEVICE",
+            format!(
+                "LAYA_DEVICE={value}: device = \"{}\" in pool(s) {}",
+                device.as_str(),
+                applied.join(", ")
+            ),
+        );
+    }
+}
+
+/// `LAYA_THREADS` → every `gpu` pool's `threads`; upstream ignores a value that is not an
+/// integer > 0, and so does layad (with a warning).
+fn threads(a: &mut Applier, value: &str) {
+    let Some(n) = value.trim().parse::<u32>().ok().filter(|n| *n > 0) else {
+        a.warn(
+            "LAYA_THREADS",
+            format!("LAYA_THREADS={value} is ignored (upstream too): give an integer > 0"),
+        );
+        return;
+    };
+    let mut applied = Vec::new();
+    for i in 0..a.config.pools.len() {
+        if a.config.pools[i].worker != WorkerKind::Gpu {
+            continue;
+        }
+        let index = i.to_string();
+        if a.shadowed("LAYA_THREADS", value, &["pool", &index, "threads"]) {
+            continue;
+        }
+        a.config.pools[i].threads = n;
+        applied.push(a.config.pools[i].name.clone());
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_THREADS",
+            format!(
+                "LAYA_THREADS={value}: threads = {n} per worker in pool(s) {}",
+                applied.join(", ")
+            ),
+        );
+    }
+}
+
+/// `LAYA_MODELS` → `[checkpoints]`: the listed checkpoints (names or aliases) are served, the
+/// others are "off". Upstream loads an unlisted checkpoint on its first request; layad has no lazy
+/// loading, so a request routed to one is answered 503 naming it (the memory stays what the
+/// operator asked for). An unknown name refuses to start, as upstream's preload raises.
+fn models(a: &mut Applier, value: &str) {
+    let mut listed = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match CheckpointName::from_name_or_alias(name) {
+            Some(c) => {
+                if !listed.contains(&c) {
+                    listed.push(c);
+                }
+            }
+            None => {
+                a.problem("checkpoints", "LAYA_MODELS", unknown_model_name(name));
+                return;
+            }
+        }
+    }
+    if listed.is_empty() {
+        return;
+    }
+    let mut off = Vec::new();
+    for name in CheckpointName::ALL {
+        if a.shadowed("LAYA_MODELS", value, &["checkpoints", name.as_str()]) {
+            continue;
+        }
+        let source = a.config.checkpoints.source_mut(name);
+        if listed.contains(&name) {
+            if *source == CheckpointSource::Off {
+                *source = CheckpointSource::HfCache;
+            }
+        } else {
+            *source = CheckpointSource::Off;
+            off.push(name.as_str());
+        }
+    }
+    let served: Vec<&str> = listed.iter().map(|c| c.as_str()).collect();
+    let mut message = format!("LAYA_MODELS={value}: serving {}", served.join(", "));
+    if !off.is_empty() {
+        message.push_str(&format!(
+            "; {} \"off\" (upstream would load an unlisted checkpoint on first use; layad answers 503 naming it)",
+            off.join(", ")
+        ));
+    }
+    a.info("LAYA_MODELS", message);
+}
+
+/// `LAYA_LOG_LEVEL` (uvicorn's levels) → `logging.filter`.
+fn log_level(a: &mut Applier, value: &str) {
+    let level = value.trim().to_ascii_lowercase();
+    let filter = match level.as_str() {
+        "critical" | "error" => "error",
+        "warning" => "warn",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        _ => {
+            a.problem(
+                "logging.filter",
+                "LAYA_LOG_LEVEL",
+                format!(
+                    "invalid LAYA_LOG_LEVEL {}: must be one of critical, debug, error, info, trace, warning",
+                    py_repr_str(value.trim())
+                ),
+            );
+            return;
+        }
+    };
+    if !a.shadowed("LAYA_LOG_LEVEL", value, &["logging", "filter"]) {
+        a.config.logging.filter = filter.to_owned();
+        a.info(
+            "LAYA_LOG_LEVEL",
+            format!("LAYA_LOG_LEVEL={value}: logging.filter = \"{filter}\""),
+        );
+    }
+}
+
+/// `LAYA_DEFAULT_MODEL` → `compat.default_checkpoint`; an unknown name refuses to start.
+fn default_model(a: &mut Applier, value: &str) {
+    let Some(name) = CheckpointName::from_name_or_alias(value) else {
+        a.problem(
+            "compat.default_checkpoint",
+            "LAYA_DEFAULT_MODEL",
+            format!(
+                "invalid LAYA_DEFAULT_MODEL {}: {}",
+                py_repr_str(value.trim()),
+                unknown_model_name(value)
+            ),
+        );
+        return;
+    };
+    if !a.shadowed("LAYA_DEFAULT_MODEL", value, &["compat", "default_checkpoint"]) {
+        a.config.compat.default_checkpoint = Some(name);
+        a.info(
+            "LAYA_DEFAULT_MODEL",
+            format!(
+                "LAYA_DEFAULT_MODEL={value}: compat.default_checkpoint = \"{}\"",
+                name.as_str()
+            ),
+        );
+    }
+}
+
+/// `LAYA_JEV_STRICT` → `compat.output` (0.4.15 only: 0.3.20 has no strict projection and ignores it).
+fn jev_strict(a: &mut Applier, value: &str) {
+    let on = env_bool(value).unwrap_or(false);
+    if a.config.compat.upstream == Upstream::V0_3_20 {
+        a.warn(
+            "LAYA_JEV_STRICT",
+            format!(
+                "LAYA_JEV_STRICT={value} has no effect: compat.upstream = \"0.3.20\", which has no strict projection"
+            ),
+        );
+        return;
+    }
+    let output = if on {
+        OutputProfile::JevStrict
+    } else {
+        OutputProfile::Laya
+    };
+    if !a.shadowed("LAYA_JEV_STRICT", value, &["compat", "output"]) {
+        a.config.compat.output = output;
+        a.info(
+            "LAYA_JEV_STRICT",
+            format!("LAYA_JEV_STRICT={value}: compat.output = \"{output}\""),
+        );
+    }
+}
+
+/// `LAYA_TOURNAMENT_GROUP` → `compat.tournament_group`: 2–100, anything else is off (upstream's
+/// `_resolve_tournament_group`).
+fn tournament_group(a: &mut Applier, value: &str) {
+    let group = value.trim().parse::<u32>().ok().filter(|n| (2..=100).contains(n));
+    if group.is_none() {
+        a.warn(
+            "LAYA_TOURNAMENT_GROUP",
+            format!(
+                "LAYA_TOURNAMENT_GROUP={value} leaves tournament mode off (upstream too): give an integer from 2 to 100"
+            ),
+        );
+    }
+    if !a.shadowed("LAYA_TOURNAMENT_GROUP", value, &["compat", "tournament_group"]) {
+        a.config.compat.tournament_group = group.unwrap_or(0);
+        if let Some(group) = group {
+            a.info(
+                "LAYA_TOURNAMENT_GROUP",
+                format!("LAYA_TOURNAMENT_GROUP={value}: compat.tournament_group = {group}"),
+            );
+        }
+    }
+}
+
+/// `LAYA_MAX_TOKEN_BUDGET` → `compat.max_token_budget`; not an integer > 0 → ignored (upstream
+/// falls back to 8192); above the 8192 positions a worker prepares → 8192.
+fn max_token_budget(a: &mut Applier, value: &str) {
+    let most = laya::request::DEFAULT_MAX_TOKEN_BUDGET;
+    let Some(n) = value.trim().parse::<usize>().ok().filter(|n| *n > 0) else {
+        a.warn(
+            "LAYA_MAX_TOKEN_BUDGET",
+            format!("LAYA_MAX_TOKEN_BUDGET={value} is ignored (upstream falls back to {most}): give an integer > 0"),
+        );
+        return;
+    };
+    if a.shadowed("LAYA_MAX_TOKEN_BUDGET", value, &["compat", "max_token_budget"]) {
+        return;
+    }
+    if n > most {
+        a.warn(
+            "LAYA_MAX_TOKEN_BUDGET",
+            format!("LAYA_MAX_TOKEN_BUDGET={value}: layad's workers hold rows of at most {most} tokens; compat.max_token_budget = {most}"),
+        );
+    } else {
+        a.info(
+            "LAYA_MAX_TOKEN_BUDGET",
+            format!("LAYA_MAX_TOKEN_BUDGET={value}: compat.max_token_budget = {n}"),
+        );
+    }
+    a.config.compat.max_token_budget = n.min(most);
+}
+
+/// `LAYA_BODY_READ_TIMEOUT` (seconds, a float) → `server.body_timeout`.
+fn body_read_timeout(a: &mut Applier, value: &str) {
+    let Some(seconds) = value.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()) else {
+        a.warn(
+            "LAYA_BODY_READ_TIMEOUT",
+            format!("LAYA_BODY_READ_TIMEOUT={value} is ignored (upstream falls back to 10): give seconds > 0"),
+        );
+        return;
+    };
+    let Ok(timeout) = Duration::try_from_secs_f64(seconds) else {
+        a.warn(
+            "LAYA_BODY_READ_TIMEOUT",
+            format!("LAYA_BODY_READ_TIMEOUT={value} is ignored: too long"),
+        );
+        return;
+    };
+    if !a.shadowed("LAYA_BODY_READ_TIMEOUT", value, &["server", "body_timeout"]) {
+        a.config.server.body_timeout = timeout;
+        a.info(
+            "LAYA_BODY_READ_TIMEOUT",
+            format!(
+                "LAYA_BODY_READ_TIMEOUT={value}: server.body_timeout = {}",
+                crate::duration::format(timeout)
+            ),
+        );
+    }
+}
+
+/// `LAYA_MAX_CONCURRENT` → `server.max_concurrent`: at most N decision requests in progress,
+/// more answered 503 at once, as upstream's admission cap does.
+fn max_concurrent(a: &mut Applier, value: &str) {
+    let Some(n) = value.trim().parse::<u32>().ok().filter(|n| *n > 0) else {
+        a.warn(
+            "LAYA_MAX_CONCURRENT",
+            format!("LAYA_MAX_CONCURRENT={value} is ignored (upstream falls back to 16): give an integer > 0"),
+        );
+        return;
+    };
+    if !a.shadowed("LAYA_MAX_CONCURRENT", value, &["server", "max_concurrent"]) {
+        a.config.server.max_concurrent = Some(n);
+        a.info(
+            "LAYA_MAX_CONCURRENT",
+            format!("LAYA_MAX_CONCURRENT={value}: server.max_concurrent = {n}"),
+        );
+    }
+}
+
+/// The notes a configuration gets regardless of the environment: a tournament group that is set
+/// (from the file or `LAYAD_*`) but not answered yet.
+pub fn config_notes(config: &Config) -> Vec<Note> {
+    let mut notes = Vec::new();
+    if config.compat.tournament_group != 0 {
+        notes.push(Note {
+            variable: "LAYA_TOURNAMENT_GROUP",
+            level: NoteLevel::Warn,
+            message: format!(
+                "compat.tournament_group = {} has no effect yet: layad does not answer choices by elimination; \
+                 a choice with more than {} options is still refused with 413",
+                config.compat.tournament_group,
+                laya::request::MAX_CHOICE_OPTIONS
+            ),
+        });
+    }
+    notes
+}
