@@ -171,10 +171,13 @@ time.sleep(6)  # several scrapes, so rates over a few seconds have two points
 targets = api("targets")["data"]["activeTargets"]
 print(f"prometheus scraped {targets[0]['scrapeUrl']}: health {targets[0]['health']}")
 problems = []
+# The recording group evaluates every 30 s: a rule not evaluated yet is "unknown", not broken.
+healthy = 0
 for group in api("rules")["data"]["groups"]:
     for rule in group["rules"]:
-        if rule["health"] != "ok":
-            problems.append(f"rule {rule['name']}: {rule['health']} {rule.get('lastError', '')}")
+        if rule["health"] == "err":
+            problems.append(f"rule {rule['name']}: {rule.get('lastError', '')}")
+        healthy += rule["health"] == "ok"
 dashboard = json.load(open(dashboard_path))
 exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
 for expr in exprs:
@@ -185,7 +188,7 @@ for expr in exprs:
     for name in set(re.findall(r"\blayad_[a-z0-9_]+", expr)):
         if not api("series", **{"match[]": name})["data"]:
             problems.append(f"{expr}: no series of {name}")
-print(f"prometheus evaluated {len(exprs)} dashboard expressions; rules healthy: {not any(p.startswith('rule') for p in problems)}")
+print(f"prometheus evaluated {len(exprs)} dashboard expressions; rules evaluated without error: {healthy}, none failed: {not any(p.startswith('rule') for p in problems)}")
 if problems:
     print("\n".join(problems), file=sys.stderr)
     sys.exit(1)
