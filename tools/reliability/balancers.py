@@ -224,9 +224,12 @@ class Balancer:
             cfg = self.work / "layad.cfg"
             cfg.write_text(self.substituted(shipped))
             run("haproxy", "-c", "-f", str(cfg))
-            out = open(self.log_path, "w")
-            self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT)
-            out.close()
+            self.proc = subprocess.Popen(
+                ["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            # Each line stamped with when it came: the check's "is DOWN"/"is UP" lines carry no time.
+            self.reader = threading.Thread(target=self.stamp, daemon=True)
+            self.reader.start()
         else:
             shipped = (REPO / "deploy" / "nginx" / "layad.conf").read_text()
             (self.work / "layad.conf").write_text(self.substituted(shipped))
@@ -263,6 +266,24 @@ http {{
             time.sleep(0.2)
         raise RuntimeError(f"{self.kind} does not pass /readyz to the hosts; see {self.work}")
 
+    def stamp(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(self.log_path, "w") as out:
+            for line in self.proc.stdout:
+                out.write(f"{time.time():.3f} {line}")
+                out.flush()
+
+    def check_changes(self, server: str) -> list[tuple[float, str]]:
+        """(epoch seconds, "DOWN" or "UP") of HAProxy's health check on `server`."""
+        if self.kind != "haproxy":
+            return []
+        changes = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            m = re.match(rf"(\d+\.\d+) .*Server layad/{server} is (DOWN|UP)", line)
+            if m and "[WARNING]" not in line:
+                changes.append((float(m.group(1)), m.group(2)))
+        return changes
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM if self.kind == "haproxy" else signal.SIGQUIT)
@@ -289,7 +310,9 @@ http {{
                     continue
                 when = datetime.strptime(m.group(1), "%d/%b/%Y:%H:%M:%S.%f").timestamp()
                 server = m.group(2)
-                tried = [server] if not m.group(4).lstrip("+").strip("0") else [f"retried({m.group(4)})", server]
+                # A retry means an attempt on another server failed first: only host 2 fails here.
+                retried = m.group(4).lstrip("+").strip("0") != ""
+                tried = ["retried", server] if retried else [server]
                 out.append((when, tried, int(m.group(3))))
         else:
             for line in text.splitlines():
@@ -541,7 +564,15 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
     result["balancer_log_requests"] = len(dispatches)
     if "fault" in events and fault not in ("rolling-upgrade", "rolling-reload"):
         t0, t1 = events["fault"], events.get("ready", events["fault"])
-        to_target = [d for d in dispatches if target_names[kind] in d[1]]
+        to_target = [d for d in dispatches if target_names[kind] in d[1] or "retried" in d[1]]
+        result["retried_requests"] = sum(1 for d in dispatches if "retried" in d[1] or len(d[1]) > 1)
+        changes = balancer.check_changes("layad2")
+        downs = [t for t, what in changes if what == "DOWN" and t >= t0]
+        ups = [t for t, what in changes if what == "UP" and t >= t0]
+        if downs:
+            result["host2_check_down_after_fault_s"] = round(downs[0] - t0, 2)
+        if ups:
+            result["host2_check_up_after_ready_s"] = round(ups[-1] - t1, 2)
         during = [d for d in to_target if t0 <= d[0] < t1]
         after = [d for d in to_target if d[0] >= t1]
         result["sent_to_host2_during_fault"] = len(during)
