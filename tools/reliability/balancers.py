@@ -584,6 +584,30 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
     return result
 
 
+def print_table(directory: Path) -> None:
+    """deploy/README.md's table, from the JSON results of a run."""
+    print("| balancer | fault | requests (keep-alive + layad-load) | failed | latency in the fault window p50 / p99 / max | host 2 after the fault: requests that reached it (retried), last one | check marked it down | traffic again after it was ready |")
+    print("|---|---|---|---|---|---|---|---|")
+    order = {f: i for i, f in enumerate(FAULTS)}
+    results = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+    for r in sorted(results, key=lambda r: (BALANCERS.index(r["balancer"]), order[r["fault"]])):
+        ll = r.get("layad_load", {})
+        failed = r["failed"] + ll.get("failed", 0)
+        detail = {**r["failed_by_status"], **r["failed_by_transport_error"]}
+        lat = r.get("during_fault", {}).get("latency_ms", {})
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"
+        host2 = "-"
+        if "sent_to_host2_during_fault" in r:
+            host2 = f"{r['sent_to_host2_during_fault']} ({r.get('retried_requests', 0)}), +{r['host2_last_sent_after_fault_s']} s"
+        down = r.get("host2_check_down_after_fault_s")
+        resumed = r.get("host2_resumed_after_ready_s")
+        print(
+            f"| {r['balancer']} | {r['fault']} | {r['sent']} + {ll.get('sent', 0)} | {failed}"
+            f"{' ' + json.dumps(detail) if detail else ''} | {fmt(lat.get('p50'))} / {fmt(lat.get('p99'))} / {fmt(lat.get('max'))} ms | "
+            f"{host2} | {'-' if down is None else f'+{down} s'} | {'-' if resumed is None else f'{resumed} s'} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--balancer", default=",".join(BALANCERS))
@@ -597,7 +621,11 @@ def main() -> int:
     parser.add_argument("--outage", type=float, default=15.0)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between hosts in rolling faults")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--table", metavar="DIR", help="print the markdown table of the results in DIR and exit")
     args = parser.parse_args()
+    if args.table:
+        print_table(Path(args.table))
+        return 0
 
     kinds = args.balancer.split(",")
     faults = args.fault.split(",")
