@@ -20,10 +20,18 @@ fuzz_target!(|data: &[u8]| {
     // Caps up to 64 KiB: small enough that bodies past them are common.
     let cap = usize::from(u16::from_be_bytes([*cap_high, *cap_low]));
     let round_trip = selector & 0x80 != 0 && coding != ContentEncoding::Zstd;
-    let wire = if round_trip { compress(coding, selector & 0x40 != 0, rest) } else { rest.to_vec() };
+    let wire = if round_trip {
+        compress(coding, selector & 0x40 != 0, rest)
+    } else {
+        rest.to_vec()
+    };
     match coding.decode(Bytes::from(wire), cap) {
         Ok(decoded) => {
-            assert!(decoded.len() <= cap, "{} bytes decoded past a cap of {cap}", decoded.len());
+            assert!(
+                decoded.len() <= cap,
+                "{} bytes decoded past a cap of {cap}",
+                decoded.len()
+            );
             if round_trip {
                 assert_eq!(&decoded[..], rest, "{coding:?} round trip");
             }
@@ -32,7 +40,11 @@ fuzz_target!(|data: &[u8]| {
             let status = error.status.as_u16();
             assert!(matches!(status, 400 | 413), "refused with {status}: {}", error.detail);
             if round_trip {
-                assert!(status == 413 && rest.len() > cap, "{coding:?} round trip refused: {}", error.detail);
+                assert!(
+                    status == 413 && rest.len() > cap,
+                    "{coding:?} round trip refused: {}",
+                    error.detail
+                );
             }
         }
     }

@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let options = DecisionOptions {
-        upstream: if selector & 1 == 0 { Upstream::V0_3_20 } else { Upstream::V0_4_15 },
+        upstream: if selector & 1 == 0 {
+            Upstream::V0_3_20
+        } else {
+            Upstream::V0_4_15
+        },
         auto_task: selector & 2 != 0,
         limits: RequestLimits::default(),
         default_checkpoint: None,
@@ -46,7 +50,12 @@ fuzz_target!(|data: &[u8]| {
     let request = match parse_body(body, options.upstream, options.limits) {
         Ok(request) => request,
         Err(error) => {
-            assert!((400..500).contains(&error.status), "parse refused with {}: {}", error.status, error.detail);
+            assert!(
+                (400..500).contains(&error.status),
+                "parse refused with {}: {}",
+                error.status,
+                error.detail
+            );
             return;
         }
     };

@@ -70,7 +70,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(row.markers.iter().all(|&m| (m as usize) < len));
         assert!(row.qtype <= 2);
         if !buckets.is_empty() {
-            assert!(bucket_for(len, &buckets).is_some(), "an accepted row of {len} tokens fits no bucket");
+            assert!(
+                bucket_for(len, &buckets).is_some(),
+                "an accepted row of {len} tokens fits no bucket"
+            );
         }
     }
 });
