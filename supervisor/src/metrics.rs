@@ -264,15 +264,19 @@ impl Collector for BackendCollector {
                 .map(|p| (vec![("pool", p.name.as_str())], i64::from(p.degraded.is_some())))
                 .collect(),
         )?;
-        gauge(
-            &mut encoder,
-            "layad_pool_backlog_microseconds",
-            "Expected wait before a new job could start: estimated queued and running work per ready worker",
-            pools
-                .iter()
-                .map(|p| (vec![("pool", p.name.as_str())], p.backlog.as_micros() as i64))
-                .collect(),
-        )?;
+        {
+            // Seconds, Prometheus's base unit (a float gauge, so sub-millisecond backlogs stay visible).
+            let mut backlog = encoder.encode_descriptor(
+                "layad_pool_backlog",
+                "Expected wait before a new job could start: estimated queued and running work per ready worker",
+                Some(&Unit::Seconds),
+                ConstGauge::new(0f64).metric_type(),
+            )?;
+            for pool in pools {
+                let labels = [("pool", pool.name.as_str())];
+                ConstGauge::new(pool.backlog.as_secs_f64()).encode(backlog.encode_family(&labels)?)?;
+            }
+        }
         gauge(
             &mut encoder,
             "layad_pool_unavailable",

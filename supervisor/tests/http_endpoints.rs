@@ -447,7 +447,7 @@ async fn metrics_count_requests_and_read_the_pools() {
     let (body, _) = large_golden_case();
     assert_eq!(server.post("/v1/systemone", &[JSON], &body).await.status, 200);
     assert_eq!(server.post("/v1/systemone", &[JSON], b"not json").await.status, 400);
-    let response = server.get("/metrics", &[]).await;
+    let response = server.get("/metrics", &[("accept", OPENMETRICS_ACCEPT)]).await;
     assert_eq!(response.status, 200);
     assert!(
         response
@@ -469,10 +469,133 @@ async fn metrics_count_requests_and_read_the_pools() {
         "layad_workers{pool=\"gpu\",state=\"ready\"} 1",
         "layad_workers{pool=\"gpu\",state=\"restarting\"} 0",
         "layad_worker_restarts_total{pool=\"gpu\",worker=\"gpu-0\"} 2",
+        "layad_pool_backlog_seconds{pool=\"gpu\"} 0.003",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
     assert!(text.ends_with("# EOF\n"));
+}
+
+/// What Prometheus 2.42 sends when it scrapes.
+const OPENMETRICS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// Every layad metric family, by its name in the Prometheus text format, with its type: a family
+/// that disappears or changes type fails the test below (and the dashboards that chart it).
+const FAMILIES: [(&str, &str); 17] = [
+    ("layad_requests_total", "counter"),
+    ("layad_request_duration_seconds", "histogram"),
+    ("layad_prepare_duration_seconds", "histogram"),
+    ("layad_queue_wait_seconds", "histogram"),
+    ("layad_device_duration_seconds", "histogram"),
+    ("layad_queue_depth", "gauge"),
+    ("layad_in_flight", "gauge"),
+    ("layad_pool_degraded", "gauge"),
+    ("layad_pool_backlog_seconds", "gauge"),
+    ("layad_pool_unavailable", "gauge"),
+    ("layad_workers", "gauge"),
+    ("layad_worker_cpu_kernels", "gauge"),
+    ("layad_worker_restarts_total", "counter"),
+    ("layad_routed_total", "counter"),
+    ("layad_spilled_out_total", "counter"),
+    ("layad_taken_over_total", "counter"),
+    ("layad_batched_forwards_total", "counter"),
+];
+
+/// The problems of one exposition: a sample whose family has no `HELP` or no `TYPE` (the family of
+/// `x_bucket`, `x_sum`, `x_count` is histogram `x`; in OpenMetrics that of `x_total` is counter `x`),
+/// a `TYPE` without `HELP`, or a family named twice.
+fn exposition_problems(text: &str, openmetrics: bool) -> (Vec<String>, std::collections::BTreeMap<String, String>) {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut problems = Vec::new();
+    let mut helps = BTreeSet::new();
+    let mut types = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default().to_owned();
+            if !helps.insert(name.clone()) {
+                problems.push(format!("HELP of {name} given twice"));
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            if types.insert(name.to_owned(), kind.to_owned()).is_some() {
+                problems.push(format!("TYPE of {name} given twice"));
+            }
+            if !helps.contains(name) {
+                problems.push(format!("TYPE of {name} comes without a HELP before it"));
+            }
+        }
+    }
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let sample = line.split(['{', ' ']).next().unwrap_or_default();
+        let family = |suffix: &str, kind: &str| {
+            sample
+                .strip_suffix(suffix)
+                .filter(|f| types.get(*f).is_some_and(|t| t == kind))
+        };
+        let name = if types.contains_key(sample) {
+            Some(sample)
+        } else {
+            ["_bucket", "_sum", "_count"]
+                .into_iter()
+                .find_map(|suffix| family(suffix, "histogram"))
+                .or_else(|| if openmetrics { family("_total", "counter") } else { None })
+        };
+        match name {
+            Some(name) if helps.contains(name) => {}
+            _ => problems.push(format!("sample {sample} has no family with HELP and TYPE")),
+        }
+    }
+    (problems, types)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_has_help_and_type_in_both_formats() {
+    let server = TestServer::start(|_| {}).await;
+    let (body, _) = large_golden_case();
+    assert_eq!(server.post("/v1/systemone", &[JSON], &body).await.status, 200);
+    assert_eq!(server.post("/v1/systemone", &[JSON], b"not json").await.status, 400);
+    // curl and `promtool check metrics` (no Accept) read the Prometheus text format 0.0.4.
+    let classic = server.get("/metrics", &[]).await;
+    assert_eq!(
+        classic.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = classic.text();
+    let (problems, types) = exposition_problems(&text, false);
+    assert!(problems.is_empty(), "{problems:#?} in\n{text}");
+    for (name, kind) in FAMILIES {
+        assert_eq!(
+            types.get(name).map(String::as_str),
+            Some(kind),
+            "family {name} in\n{text}"
+        );
+    }
+    assert_eq!(types.len(), FAMILIES.len(), "families not in FAMILIES: {types:?}");
+    assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+    // Prometheus asks for OpenMetrics.
+    let open = server.get("/metrics", &[("accept", OPENMETRICS_ACCEPT)]).await.text();
+    let (problems, types) = exposition_problems(&open, true);
+    assert!(problems.is_empty(), "{problems:#?} in\n{open}");
+    for (name, kind) in FAMILIES {
+        let name = if kind == "counter" {
+            name.trim_end_matches("_total")
+        } else {
+            name
+        };
+        assert_eq!(
+            types.get(name).map(String::as_str),
+            Some(kind),
+            "family {name} in\n{open}"
+        );
+    }
+    // The same samples either way.
+    let samples = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(samples(&text), samples(&open));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

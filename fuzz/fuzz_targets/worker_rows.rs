@@ -1,0 +1,79 @@
+//! Fuzzes the worker's front: a `ForwardRequest` as it arrives on the worker socket (protobuf),
+//! converted to engine rows and checked by `ForwardLimits::check`, as the harness's `Forward` does
+//! before any engine sees it. The first two bytes pick the worker's limits (max rows, length
+//! buckets); the rest is the message. An accepted forward must satisfy every documented rule
+//! (checked here independently) and every row must fit a length bucket.
+#![no_main]
+
+use layad_proto::engine::{EngineInfo, EngineRow, LoadedCheckpoint};
+use layad_proto::pb::ForwardRequest;
+use layad_proto::rows::{ForwardLimits, bucket_for};
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+/// The fixture checkpoints (tests/fixtures/hf-cache): names and vocabulary sizes.
+const CHECKPOINTS: [(&str, u32); 3] = [("english", 701), ("multilingual", 701), ("typed-decisions", 776)];
+/// Longest row of the fixture checkpoints (typed-decisions' `max_len`).
+const MAX_LEN: u32 = 128;
+
+fn info(max_rows: u32, max_batch_tokens: u32, length_buckets: Vec<u32>) -> EngineInfo {
+    EngineInfo {
+        device: "cpu".to_owned(),
+        dtype: "f32".to_owned(),
+        checkpoints: CHECKPOINTS
+            .iter()
+            .map(|&(name, vocab_size)| LoadedCheckpoint {
+                name: name.to_owned(),
+                revision: None,
+                weights_sha256: String::new(),
+                vocab_size,
+                max_len: MAX_LEN,
+                warmup_len: MAX_LEN,
+            })
+            .collect(),
+        max_rows,
+        max_batch_tokens,
+        length_buckets,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [rows_limit, buckets_choice, message @ ..] = data else {
+        return;
+    };
+    let max_rows = u32::from(rows_limit % 16) + 1;
+    let max_batch_tokens = u32::from(*rows_limit) * 32;
+    let buckets = match buckets_choice % 3 {
+        0 => vec![],
+        1 => vec![32, 64, 96],
+        _ => vec![64, 256],
+    };
+    let Ok(request) = ForwardRequest::decode(message) else {
+        return;
+    };
+    let limits = ForwardLimits::from_info(&info(max_rows, max_batch_tokens, buckets.clone()));
+    let rows: Vec<EngineRow> = request.rows.into_iter().map(EngineRow::from).collect();
+    if limits.check(&request.checkpoint, &rows).is_err() {
+        return;
+    }
+    let Some(&(_, vocab_size)) = CHECKPOINTS.iter().find(|(name, _)| *name == request.checkpoint) else {
+        panic!("accepted a forward for checkpoint {:?}", request.checkpoint);
+    };
+    assert!(!rows.is_empty() && rows.len() <= max_rows as usize);
+    assert!(rows.iter().map(|r| r.ids.len()).sum::<usize>() <= max_batch_tokens as usize);
+    for row in &rows {
+        let len = row.ids.len();
+        assert!(len > 0 && len <= MAX_LEN as usize);
+        assert!(row.ids.iter().all(|&id| id < vocab_size));
+        assert!(!row.markers.is_empty());
+        assert!(row.markers.windows(2).all(|pair| pair[0] < pair[1]));
+        assert!(row.markers.iter().all(|&m| (m as usize) < len));
+        assert!(row.qtype <= 2);
+        if !buckets.is_empty() {
+            assert!(
+                bucket_for(len, &buckets).is_some(),
+                "an accepted row of {len} tokens fits no bucket"
+            );
+        }
+    }
+});
