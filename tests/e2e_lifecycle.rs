@@ -257,6 +257,8 @@ async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
         .stderr(log)
         .spawn()
         .expect("layad serve starts");
+    // A failed assertion must not leave the server running (its workers follow it out).
+    let mut guard = KillOnDrop(Some(child.id()));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let start = Instant::now();
@@ -346,6 +348,7 @@ async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
     assert!(!text.contains("unit-key"), "the key is never logged");
+    guard.0 = None;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -356,4 +359,18 @@ async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
         .expect("join")
         .expect("exit");
     assert_eq!(status.code(), Some(0), "{}", read_log());
+}
+
+/// SIGKILLs the process with this id when dropped, unless disarmed (`None`).
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
