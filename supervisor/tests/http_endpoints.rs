@@ -481,7 +481,7 @@ const OPENMETRICS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,app
 
 /// Every layad metric family, by its name in the Prometheus text format, with its type: a family
 /// that disappears or changes type fails the test below (and the dashboards that chart it).
-const FAMILIES: [(&str, &str); 17] = [
+const FAMILIES: [(&str, &str); 18] = [
     ("layad_requests_total", "counter"),
     ("layad_request_duration_seconds", "histogram"),
     ("layad_prepare_duration_seconds", "histogram"),
@@ -499,6 +499,7 @@ const FAMILIES: [(&str, &str); 17] = [
     ("layad_spilled_out_total", "counter"),
     ("layad_taken_over_total", "counter"),
     ("layad_batched_forwards_total", "counter"),
+    ("layad_batch_requests_total", "counter"),
 ];
 
 /// The problems of one exposition: a sample whose family has no `HELP` or no `TYPE` (the family of
@@ -554,6 +555,11 @@ async fn every_metric_family_has_help_and_type_in_both_formats() {
     let (body, _) = large_golden_case();
     assert_eq!(server.post("/v1/systemone", &[JSON], &body).await.status, 200);
     assert_eq!(server.post("/v1/systemone", &[JSON], b"not json").await.status, 400);
+    // A family appears once it has a sample: the batch route's, too.
+    assert_eq!(
+        server.post("/v1/systemone/batch", &[JSON], b"not json").await.status,
+        400
+    );
     // curl and `promtool check metrics` (no Accept) read the Prometheus text format 0.0.4.
     let classic = server.get("/metrics", &[]).await;
     assert_eq!(
