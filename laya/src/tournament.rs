@@ -73,6 +73,8 @@ pub fn plan(questions: &Map<String, Value>, group: usize) -> Result<Option<Tourn
         if let Some(labels) = question.get("criteria").and_then(criteria_labels)
             && labels.len() > group
         {
+            // Upstream reads these labels with `_criteria_items`, which refuses repeats here.
+            check_distinct(&labels)?;
             large.push((qid, labels));
         }
     }
@@ -121,14 +123,7 @@ pub fn plan(questions: &Map<String, Value>, group: usize) -> Result<Option<Tourn
                 "choice criteria must contain at least one option",
             ));
         }
-        for (i, label) in labels.iter().enumerate() {
-            if labels[..i].contains(label) {
-                return Err(RequestError::new(
-                    422,
-                    format!("choice criteria label {} is duplicated", py_repr(label)),
-                ));
-            }
-        }
+        check_distinct(&labels)?;
     }
     let entries = large
         .into_iter()
@@ -147,6 +142,42 @@ pub fn plan(questions: &Map<String, Value>, group: usize) -> Result<Option<Tourn
         questions: questions.clone(),
         entries,
     }))
+}
+
+/// A label as a Python set member: `None`, a number (`True` is `1`, `1.0` is `1`) or a string;
+/// `None` for a list or object, which Python cannot hash.
+#[derive(PartialEq)]
+enum SetKey<'a> {
+    Null,
+    Number(f64),
+    Text(&'a str),
+}
+
+fn set_key(label: &Value) -> Option<SetKey<'_>> {
+    match label {
+        Value::Null => Some(SetKey::Null),
+        Value::Bool(b) => Some(SetKey::Number(f64::from(u8::from(*b)))),
+        Value::Number(n) => n.as_f64().map(SetKey::Number),
+        Value::String(s) => Some(SetKey::Text(s)),
+        Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+/// `_criteria_items`' scan: the first label equal (as Python compares set members) to an earlier
+/// one is 422 `choice criteria label … is duplicated`; an unhashable label is its `TypeError`, 500.
+fn check_distinct(labels: &[Value]) -> Result<(), RequestError> {
+    let mut seen: Vec<SetKey<'_>> = Vec::with_capacity(labels.len());
+    for label in labels {
+        let key = set_key(label).ok_or_else(RequestError::inference_failed)?;
+        if seen.contains(&key) {
+            return Err(RequestError::new(
+                422,
+                format!("choice criteria label {} is duplicated", py_repr(label)),
+            ));
+        }
+        seen.push(key);
+    }
+    Ok(())
 }
 
 impl Tournament {
@@ -419,5 +450,16 @@ mod tests {
             plan(&dup, 16).expect_err("refused").detail,
             "choice criteria label 'a' is duplicated"
         );
+        // Repeats in the wide choice itself come first, compared as Python's set does (1 == True).
+        let mut wide: Vec<Value> = vec![Value::Null; 101];
+        wide[0] = json!(1);
+        wide[1] = json!(true);
+        let e = plan(&questions(json!({"c": {"type": "choice", "criteria": wide}})), 16).expect_err("refused");
+        assert_eq!(e.detail, "choice criteria label True is duplicated");
+        let labels: Vec<Value> = (0..101)
+            .map(|i| if i == 0 { json!([1]) } else { json!(format!("l{i}")) })
+            .collect();
+        let nested = questions(json!({"c": {"type": "choice", "criteria": labels}}));
+        assert_eq!(plan(&nested, 16).expect_err("refused").status, 500);
     }
 }
