@@ -153,9 +153,9 @@ pub struct CompatConfig {
     /// `LAYA_JEV_STRICT` projection).
     #[serde(default, with = "output_profile")]
     pub output: OutputProfile,
-    /// Upstream 0.4.15's `LAYA_TOURNAMENT_GROUP` (0 = off, else 2–100). Validated and kept, but
-    /// tournament choices are not answered yet: a non-zero value changes nothing and is warned
-    /// about at start-up.
+    /// Upstream 0.4.15's `LAYA_TOURNAMENT_GROUP` (0 = off, else 2–100): a choice with more options
+    /// than this is answered by elimination in groups of this size, and choices of up to 255
+    /// options are accepted. No effect under `upstream = "0.3.20"` (warned about).
     #[serde(default)]
     pub tournament_group: u32,
 }

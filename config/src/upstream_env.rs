@@ -627,17 +627,19 @@ fn max_concurrent(a: &mut Applier, value: &str) {
 }
 
 /// The notes a configuration gets regardless of the environment: a tournament group that is set
-/// (from the file or `LAYAD_*`) but not answered yet.
+/// (from the file or `LAYA_*`/`LAYAD_*`) under `compat.upstream = "0.3.20"`, whose server has no
+/// tournament mode, so the group changes nothing there.
 pub fn config_notes(config: &Config) -> Vec<Note> {
     let mut notes = Vec::new();
-    if config.compat.tournament_group != 0 {
+    if config.compat.tournament_group != 0 && !config.compat.upstream.is_0_4() {
         notes.push(Note {
             variable: "LAYA_TOURNAMENT_GROUP",
             level: NoteLevel::Warn,
             message: format!(
-                "compat.tournament_group = {} has no effect yet: layad does not answer choices by elimination; \
-                 a choice with more than {} options is still refused with 413",
+                "compat.tournament_group = {} has no effect with compat.upstream = \"{}\": upstream 0.3.20 has no \
+                 tournament mode, so a choice with more than {} options is still refused",
                 config.compat.tournament_group,
+                config.compat.upstream,
                 laya::request::MAX_CHOICE_OPTIONS
             ),
         });

@@ -130,12 +130,10 @@ fn a_laya_serve_environment_sets_the_matching_keys_and_each_is_noted() {
         notes.iter().all(|n| !n.message.contains("s3cret")),
         "the key is never shown"
     );
-    // The stored tournament group has no effect yet, and says so.
+    // Under 0.4.15 the group is answered: logged as used, not warned about.
     let tournament: Vec<&Note> = notes.iter().filter(|n| n.variable == "LAYA_TOURNAMENT_GROUP").collect();
     assert!(
-        tournament
-            .iter()
-            .any(|n| n.level == NoteLevel::Warn && n.message.contains("has no effect yet")),
+        tournament.iter().all(|n| n.level != NoteLevel::Warn) && !tournament.is_empty(),
         "{notes:?}"
     );
 }
@@ -335,13 +333,17 @@ fn jev_strict_follows_the_switch_spellings_and_only_under_0_4_15() {
 }
 
 #[test]
-fn a_tournament_group_from_the_file_is_validated_and_warned_about() {
+fn a_tournament_group_from_the_file_is_validated_and_warned_about_only_under_0_3_20() {
     let file = ConfigFile::new("[compat]\ntournament_group = 1\n");
     let problem = only_problem(load(Some(&file), &[], None));
     assert_eq!(problem.key, "compat.tournament_group");
-    let file = ConfigFile::new("[compat]\ntournament_group = 16\n");
+    let file = ConfigFile::new("[compat]\nupstream = \"0.4.15\"\ntournament_group = 16\n");
     let (config, notes) = loaded(Some(&file), &[]);
     assert_eq!(config.compat.tournament_group, 16);
+    assert!(notes.is_empty(), "{notes:?}");
+    let file = ConfigFile::new("[compat]\nupstream = \"0.3.20\"\ntournament_group = 16\n");
+    let (_, notes) = loaded(Some(&file), &[]);
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert_eq!(notes[0].level, NoteLevel::Warn);
+    assert!(notes[0].message.contains("no tournament mode"), "{notes:?}");
 }

@@ -31,6 +31,9 @@ pub struct DecisionOptions {
     pub default_checkpoint: Option<CheckpointName>,
     /// The shape answers leave in (`[compat] output`, upstream's `LAYA_JEV_STRICT`).
     pub output: OutputProfile,
+    /// Upstream 0.4.15's `LAYA_TOURNAMENT_GROUP`: choices with more options than this are answered
+    /// by elimination (`crate::tournament`); 0 is off.
+    pub tournament_group: usize,
 }
 
 /// A request that is ready for the model: where it goes and what rows to run.
@@ -158,6 +161,26 @@ pub fn respond(
     checkpoint: &Checkpoint,
     outputs: &[RowOutput],
 ) -> Result<Value, RequestError> {
+    Ok(project(
+        prepared.output,
+        respond_unprojected(prepared, checkpoint, outputs)?,
+    ))
+}
+
+/// The answer body in the given profile: the `laya` body as is, or its strict projection.
+pub fn project(output: OutputProfile, body: Map<String, Value>) -> Value {
+    Value::Object(match output {
+        OutputProfile::Laya => body,
+        OutputProfile::JevStrict => project_jev_strict(&body),
+    })
+}
+
+/// The response object before the output profile (the tournament merges its rounds into it).
+pub fn respond_unprojected(
+    prepared: &PreparedDecision,
+    checkpoint: &Checkpoint,
+    outputs: &[RowOutput],
+) -> Result<Map<String, Value>, RequestError> {
     if outputs.len() != prepared.rows.len() {
         tracing::error!(
             rows = prepared.rows.len(),
@@ -196,10 +219,7 @@ pub fn respond(
     body.insert("answers".to_owned(), Value::Object(answers));
     body.insert("usage".to_owned(), Value::Object(usage(prepared)));
     body.insert("routing".to_owned(), prepared.routing.to_json());
-    Ok(Value::Object(match prepared.output {
-        OutputProfile::Laya => body,
-        OutputProfile::JevStrict => project_jev_strict(&body),
-    }))
+    Ok(body)
 }
 
 /// The `usage` object: 0.3.20's two counts; 0.4.x adds what the rows kept of the state and, when

@@ -17,4 +17,5 @@ pub mod question;
 pub mod request;
 pub mod routing;
 pub mod tokenizer;
+pub mod tournament;
 pub mod upstream;

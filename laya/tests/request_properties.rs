@@ -33,6 +33,7 @@ fn check(
         limits: RequestLimits::default(),
         default_checkpoint: None,
         output: laya::output::OutputProfile::Laya,
+        tournament_group: 0,
     };
     let prepared = parse_body(body, upstream, options.limits)
         .and_then(|request| prepare(&request, |name| checkpoints.get(&name), options));

@@ -11,19 +11,27 @@
 //! own job, all submitted at once so the scheduler spreads them over pools and workers like any
 //! other requests; the batch has one deadline, fails as a whole on the first job refused, and its
 //! results are rendered in request order.
+//!
+//! Tournament mode (`[compat] tournament_group`, upstream 0.4.15's `LAYA_TOURNAMENT_GROUP`) drives
+//! `laya::tournament`'s pure steps here: each elimination round is one request of group questions,
+//! prepared and run as a job like any other, then the final call; all within the one deadline. A
+//! batch plays one tournament per state, all at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use laya::batch::{BatchRequest, parse_batch_body, render_batch};
-use laya::decision::{DecisionOptions, PreparedDecision, prepare, prepare_routed, respond, route_request};
+use laya::decision::{
+    DecisionOptions, PreparedDecision, prepare, prepare_routed, project, respond, respond_unprojected, route_request,
+};
 use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
-use laya::request::{RequestError, parse_body};
+use laya::request::{DecisionRequest, RequestError, parse_body};
 use laya::routing::CheckpointName;
 use laya::routing::RoutingDecision;
-use serde_json::{Value, json};
+use laya::tournament::{self, Tournament};
+use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, BackendError, Job, JobOutput};
@@ -158,7 +166,10 @@ impl Decisions {
         let prepared = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             let request = parse_body(&json, options.upstream, options.limits)?;
-            prepare(&request, |name| checkpoints.get(name), options)
+            if let Some(tournament) = plan_tournament(&request.questions, options)? {
+                return Ok(Err((request, tournament)));
+            }
+            prepare(&request, |name| checkpoints.get(name), options).map(Ok)
         })
         .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
@@ -176,8 +187,28 @@ impl Decisions {
                 return outcome;
             }
         };
-        outcome.checkpoint = Some(prepared.checkpoint());
-        outcome.result = self.run(&prepared, request_id, deadline, &mut outcome).await;
+        match prepared {
+            Ok(prepared) => {
+                outcome.checkpoint = Some(prepared.checkpoint());
+                outcome.result = self.run(&prepared, request_id, deadline, &mut outcome).await;
+            }
+            Err((request, tournament)) => {
+                let played = self.play(request, tournament, request_id, deadline).await;
+                outcome.result = played.map(|played| {
+                    outcome.checkpoint = played.checkpoint;
+                    if let Some(last) = &played.last {
+                        outcome.pool = Some(last.answer.pool.clone());
+                    }
+                    let timings = &mut outcome.timings;
+                    for (_, class, queue, device) in &played.jobs {
+                        timings.class = Some(*class);
+                        timings.queue = Some(timings.queue.unwrap_or_default() + *queue);
+                        timings.device = Some(timings.device.unwrap_or_default() + *device);
+                    }
+                    py_json(&played.body, Separators::Compact)
+                });
+            }
+        }
         if outcome.result.is_ok() && options.upstream.is_0_4() {
             outcome.timings.inference = Some(prepare_started.elapsed());
         }
@@ -212,7 +243,11 @@ impl Decisions {
         let prepared = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             let batch = parse_batch_body(&json, options.limits)?;
-            prepare_batch(&batch, &checkpoints, options)
+            // A batch shares one question set, so whether it is narrowed is decided once.
+            if let Some(tournament) = plan_tournament(&batch.questions, options)? {
+                return Ok(Err((batch, tournament)));
+            }
+            prepare_batch(&batch, &checkpoints, options).map(Ok)
         })
         .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
@@ -228,8 +263,17 @@ impl Decisions {
                 return outcome;
             }
         };
-        outcome.states = prepared.len();
-        outcome.result = self.run_batch(&prepared, request_id, deadline, &mut outcome).await;
+        outcome.result = match prepared {
+            Ok(prepared) => {
+                outcome.states = prepared.len();
+                self.run_batch(&prepared, request_id, deadline, &mut outcome).await
+            }
+            Err((batch, tournament)) => {
+                outcome.states = batch.states.len();
+                self.play_batch(&batch, &tournament, request_id, deadline, &mut outcome)
+                    .await
+            }
+        };
         if outcome.result.is_ok() {
             outcome.timings.inference = Some(prepare_started.elapsed());
         }
@@ -307,6 +351,153 @@ impl Decisions {
         Ok(render_batch(results))
     }
 
+    /// One tournament per state, all at once (upstream plays them one after the other; the
+    /// answers are the same), rendered in request order; the first failure ends the batch.
+    async fn play_batch(
+        &self,
+        batch: &BatchRequest,
+        tournament: &Tournament,
+        request_id: &str,
+        deadline: Instant,
+        outcome: &mut BatchOutcome,
+    ) -> Result<String, DecisionError> {
+        let plays = (0..batch.states.len()).filter_map(|i| {
+            let request = batch.request(i)?;
+            Some(self.play(request, tournament.clone(), format!("{request_id}/{i}"), deadline))
+        });
+        let played = futures::future::try_join_all(plays).await?;
+        let mut results = Vec::with_capacity(played.len());
+        for play in played {
+            for (pool, class, queue, device) in play.jobs {
+                let timings = &mut outcome.timings;
+                timings.queue = Some(timings.queue.map_or(queue, |q| q.max(queue)));
+                timings.device = Some(timings.device.unwrap_or_default() + device);
+                outcome.jobs.push((pool, class, queue, device));
+            }
+            results.push(play.body);
+        }
+        Ok(render_batch(results))
+    }
+
+    /// Answers `request` by elimination: each round of `tournament` is a request of group
+    /// questions, prepared and run as a job; then the final call, whose body takes the rounds'
+    /// results (`Tournament::merge`) before the output profile.
+    async fn play(
+        &self,
+        request: DecisionRequest,
+        mut tournament: Tournament,
+        request_id: impl AsRef<str>,
+        deadline: Instant,
+    ) -> Result<Played, DecisionError> {
+        let request_id = request_id.as_ref();
+        let mut played = Played {
+            body: Value::Null,
+            checkpoint: None,
+            jobs: Vec::new(),
+            last: None,
+        };
+        let mut input_tokens = 0;
+        let mut round_number = 0;
+        while let Some(round) = tournament.next_round() {
+            let call = DecisionRequest {
+                questions: round.questions.clone(),
+                ..request.clone()
+            };
+            let id = format!("{request_id}/round{round_number}");
+            let (body, _) = self.call(call, &id, deadline, &mut played).await?;
+            input_tokens += input_tokens_of(&body);
+            let answers = body
+                .get("answers")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            tournament.advance(&round, &answers)?;
+            round_number += 1;
+        }
+        let call = DecisionRequest {
+            questions: tournament.final_questions(),
+            ..request
+        };
+        let (body, output) = self.call(call, request_id, deadline, &mut played).await?;
+        input_tokens += input_tokens_of(&body);
+        let mut body = project(self.options.output, tournament.merge(body, input_tokens, true));
+        if self.live.diagnostics()
+            && self.options.output == OutputProfile::Laya
+            && let (Some(output), Some(object)) = (&output, body.as_object_mut())
+        {
+            object.insert("x_layad".to_owned(), diagnostics_block(output));
+        }
+        played.body = body;
+        played.last = output;
+        Ok(played)
+    }
+
+    /// One call of a tournament: `request` prepared off the reactor (in a preparation turn), its
+    /// rows run as a job by `deadline`, its unprojected body.
+    async fn call(
+        &self,
+        request: DecisionRequest,
+        request_id: &str,
+        deadline: Instant,
+        played: &mut Played,
+    ) -> Result<(Map<String, Value>, Option<JobOutput>), DecisionError> {
+        let turn = tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            Arc::clone(&self.preparing).acquire_owned(),
+        )
+        .await
+        .map_err(|_| BackendError::DeadlineExpired)?
+        .map_err(|_| BackendError::DeadlineExpired)?;
+        let checkpoints = Arc::clone(&self.checkpoints);
+        let options = self.options;
+        let prepared = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            prepare(&request, |name| checkpoints.get(name), options)
+        })
+        .await
+        .map_err(|join| {
+            tracing::error!(request_id, error = %join, "preparing a tournament call panicked");
+            DecisionError::Internal(format!("preparing a tournament call panicked: {join}"))
+        })??;
+        played.checkpoint = Some(prepared.checkpoint());
+        let checkpoint = self.checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
+            DecisionError::Internal(format!(
+                "checkpoint '{}' was routed to but is not open",
+                prepared.checkpoint().as_str()
+            ))
+        })?;
+        let output = if prepared.rows.is_empty() {
+            None
+        } else {
+            let job = Job {
+                request_id: request_id.to_owned(),
+                checkpoint: prepared.checkpoint(),
+                rows: prepared.rows.clone(),
+                deadline,
+            };
+            let class = job.class();
+            let run = self.backend.run(job);
+            let output = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
+                Ok(Ok(output)) => output,
+                Ok(Err(e)) => {
+                    if let BackendError::Failed(reason) = &e {
+                        tracing::error!(request_id, %reason, "inference failed");
+                    }
+                    return Err(e.into());
+                }
+                Err(_) => return Err(BackendError::DeadlineExpired.into()),
+            };
+            let answer = &output.answer;
+            played
+                .jobs
+                .push((answer.pool.clone(), class, answer.queue_wait, answer.device_time));
+            Some(output)
+        };
+        let rows = output.as_ref().map_or(&[][..], |o| &o.answer.outputs[..]);
+        let body = respond_unprojected(&prepared, checkpoint, rows)?;
+        Ok((body, output))
+    }
+
     /// Runs the rows (if any) by `deadline` and renders the answer.
     async fn run(
         &self,
@@ -363,6 +554,34 @@ impl Decisions {
         }
         Ok(py_json(&body, Separators::Compact))
     }
+}
+
+/// What a tournament produced: the answer body (in the output profile), the final call's
+/// checkpoint and job, and every job's pool, class, queue wait and device time.
+struct Played {
+    body: Value,
+    checkpoint: Option<CheckpointName>,
+    jobs: Vec<(String, JobClass, Duration, Duration)>,
+    last: Option<JobOutput>,
+}
+
+/// The tournament `questions` play under `options`, if any: only 0.4.x answers by elimination.
+fn plan_tournament(
+    questions: &Map<String, Value>,
+    options: DecisionOptions,
+) -> Result<Option<Tournament>, RequestError> {
+    if !options.upstream.is_0_4() || options.tournament_group == 0 {
+        return Ok(None);
+    }
+    tournament::plan(questions, options.tournament_group)
+}
+
+/// One call's `usage.input_tokens` (0 when absent).
+fn input_tokens_of(body: &Map<String, Value>) -> u64 {
+    body.get("usage")
+        .and_then(|u| u.get("input_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
 }
 
 /// Every state of a batch routed (in order: routing refusals come first, as upstream routes the

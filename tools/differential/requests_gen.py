@@ -546,13 +546,70 @@ def batch_requests(seed):
     return g.out
 
 
-def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True):
+def tournament_requests(seed):
+    """Tournament choices (0.4.15's `LAYA_TOURNAMENT_GROUP`; run them with `--tournament 16`, else
+    both sides refuse the wide ones with 413): list and dict criteria of 17-255 labels beside other
+    questions, several wide choices in one request, `option_order` kept (one pass) and dropped,
+    labels that are not strings, the controls, the refusals (256 options, a bad choice beside a wide
+    one) and the batch route. A generator of its own (seed + 2), so the other bodies stay as they were."""
+    g = Gen(seed + 2)
+    r = g.r
+    add = lambda obj, tags=(), path="/v1/systemone": g.addj("tournament", obj, tags, path=path)  # noqa: E731
+
+    def wide(n, form="list", **extra):
+        names = ["%s %03d" % (r.choice(LABELS), i) for i in range(n)]
+        crit = names if form == "list" else {name: r.choice(["", "queue for " + name, None, 0.5]) for name in names}
+        return q("choice", "Which intent is this?", crit, **extra)
+
+    states = [EN, DE, STATES["ja"], STATES["en2"], STATES["ru"], LONG_EN * 3]
+    for n in (17, 33, 64, 100, 101, 128, 200, 255):
+        for form in ("list", "dict"):
+            add({"state": r.choice(states), "questions": {"intent": wide(n, form), "refund": Q_NOUL}})
+    add({"state": EN, "questions": {"a": wide(128), "b": Q_SCORE, "c": wide(40, "dict"), "d": Q_CHOICE}})
+    add({"state": DE, "questions": {"x": wide(255, "dict"), "y": wide(255)}})
+    add({"state": EN, "questions": {"a": wide(50, option_order=list(reversed(range(50))))}})
+    add({"state": EN, "questions": {"a": wide(120, option_order=list(reversed(range(120))))}})
+    add({"state": EN, "questions": {"a": wide(50), "b": wide(120, option_order=list(range(120)))}})
+    add({"state": EN, "questions": {"a": q("choice", "?", list(range(50)))}})
+    add({"state": EN, "questions": {"a": q("choice", "?", list(range(101)))}})
+    add({"state": EN, "questions": {"a": q("choice", "?", list(range(40))), "b": wide(101)}})
+    for key, value in (("max_len", 128), ("head_max_len", 64), ("min_confidence", 0.9),
+                       ("min_confidence", {"default": 0.2}), ("model", "ml"), ("lang", "de"), ("task", "typed")):
+        add({"state": r.choice(states), "questions": {"intent": wide(r.choice([30, 128, 180])), "n": Q_NOUL},
+             key: value})
+    # refusals
+    for obj in ({"state": EN, "questions": {"a": wide(256)}},
+                {"state": EN, "questions": {"a": wide(128), "b": {"type": "choice", "instructions": "?"}}},
+                {"state": EN, "questions": {"a": wide(128), "b": q("choice", "?", ["x", "x"])}},
+                {"state": EN, "questions": {"a": wide(128), "b": q("choice", "?", [])}},
+                {"state": EN, "questions": {"a": wide(128), "b": q("choice", "?", "x")}},
+                {"state": EN, "questions": {"a": wide(128), "b": q("score", "?", ["a", None])}},
+                {"state": EN, "questions": {"a": wide(128), "b": q("noul", None)}},
+                {"state": EN, "questions": {"a": wide(128, instructions=None)}},
+                {"state": EN, "questions": {"a": wide(128)}, "task": "chess"},
+                {"state": EN, "questions": {"a": wide(128)}, "max_len": 9000}):
+        add(obj, ["refusal"])
+    # the batch route
+    for n in (1, 3, 8):
+        add({"states": [r.choice(states) for _ in range(n)], "questions": {"intent": wide(128), "n": Q_NOUL}},
+            path=BATCH)
+    add({"states": [EN, DE], "questions": {"a": wide(200, "dict"), "b": Q_SCORE}, "batch_size": 1,
+         "sort_by_length": True}, path=BATCH)
+    add({"states": [EN, DE], "questions": {"a": wide(30)}}, path=BATCH)
+    add({"states": [EN], "questions": {"a": wide(256)}}, ["refusal"], path=BATCH)
+    add({"states": [EN], "questions": {"a": q("choice", "?", list(range(101)))}}, ["refusal"], path=BATCH)
+    return g.out
+
+
+def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True, include_tournament=True):
     g = Gen(seed)
     families(g)
     if include_goldens:
         golden_requests(g)
     if include_batch:
         g.out.extend(batch_requests(seed))
+    if include_tournament:
+        g.out.extend(tournament_requests(seed))
     ids = [x["id"] for x in g.out]
     assert len(ids) == len(set(ids))
     return g.out

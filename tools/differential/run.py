@@ -129,7 +129,7 @@ def upstream_version(venv):
     return out.stdout.strip()
 
 
-def start_upstream(venv, tmp, name, strict=False):
+def start_upstream(venv, tmp, name, strict=False, tournament=0):
     cache = os.path.join(tmp, name + "-hf-home")
     shutil.copytree(FIXTURE_CACHE, cache, symlinks=True)
     port = free_port()
@@ -140,6 +140,8 @@ def start_upstream(venv, tmp, name, strict=False):
                     TRANSFORMERS_VERBOSITY="error", PYTHONHASHSEED="0")
     if strict:
         env["LAYA_JEV_STRICT"] = "1"
+    if tournament:
+        env["LAYA_TOURNAMENT_GROUP"] = str(tournament)
     proc = subprocess.Popen([os.path.join(venv, "bin", "laya-serve")], env=env, stdout=open(logfile, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = "http://127.0.0.1:%d" % port
@@ -149,12 +151,16 @@ def start_upstream(venv, tmp, name, strict=False):
     return proc, url
 
 
-def layad_toml(port, socket_dir, compat, with_compat_key, strict=False):
+def layad_toml(port, socket_dir, compat, with_compat_key, strict=False, tournament=0):
     lines = []
-    if with_compat_key:
-        lines += ["[compat]", 'upstream = "%s"' % compat]
+    if with_compat_key or strict or tournament:
+        lines += ["[compat]"]
+        if with_compat_key:
+            lines += ['upstream = "%s"' % compat]
         if strict:
             lines += ['output = "jev-strict"']
+        if tournament:
+            lines += ["tournament_group = %d" % tournament]
         lines += [""]
     lines += ["[server]", 'listen = "127.0.0.1:%d"' % port, "diagnostics = false", 'request_timeout = "300s"', "",
               "[workers]", 'socket_dir = "%s"' % socket_dir, 'startup_timeout = "5m"', "",
@@ -163,7 +169,7 @@ def layad_toml(port, socket_dir, compat, with_compat_key, strict=False):
     return "\n".join(lines)
 
 
-def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False):
+def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False, tournament=0):
     cache = os.path.join(tmp, "layad-hf-home")
     if not os.path.exists(cache):
         shutil.copytree(FIXTURE_CACHE, cache, symlinks=True)
@@ -172,7 +178,7 @@ def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False):
     port = free_port()
     cfg = os.path.join(tmp, "layad.toml")
     with open(cfg, "w") as f:
-        f.write(layad_toml(port, sock, compat, with_compat_key, strict))
+        f.write(layad_toml(port, sock, compat, with_compat_key, strict, tournament))
     logfile = os.path.join(tmp, "layad.log")
     env = clean_env(HF_HOME=cache, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([os.path.join(bin_dir, "layad"), "serve", "--config", cfg], env=env,
@@ -218,7 +224,8 @@ def primary_kind(diffs):
 
 
 def run(args):
-    reqs = requests_gen.generate(args.seed, include_goldens=not args.no_goldens, include_batch=not args.no_batch)
+    reqs = requests_gen.generate(args.seed, include_goldens=not args.no_goldens, include_batch=not args.no_batch,
+                                 include_tournament=not args.no_tournament)
     if args.categories:
         want = set(args.categories.split(","))
         reqs = [r for r in reqs if r["category"] in want]
@@ -233,7 +240,7 @@ def run(args):
         else:
             up_version = upstream_version(args.upstream_venv)
             log("starting upstream laya %s from %s" % (up_version, args.upstream_venv))
-            p, up_url = start_upstream(args.upstream_venv, tmp, "upstream", args.strict)
+            p, up_url = start_upstream(args.upstream_venv, tmp, "upstream", args.strict, args.tournament)
             procs.append(p)
         compat = args.compat or (up_version if up_version != "?" else "0.4.15")
         if args.layad_url:
@@ -241,14 +248,14 @@ def run(args):
         elif args.layad_venv:
             log("starting upstream laya %s from %s as the 'layad' side" % (upstream_version(args.layad_venv),
                                                                           args.layad_venv))
-            p, ld_url = start_upstream(args.layad_venv, tmp, "other-upstream", args.strict)
+            p, ld_url = start_upstream(args.layad_venv, tmp, "other-upstream", args.strict, args.tournament)
             procs.append(p)
             ld_what = "upstream laya %s (%s)" % (upstream_version(args.layad_venv), args.layad_venv)
         else:
             with_key = not args.no_compat_key
             log("starting layad from %s (compat %s%s)" % (args.layad_bin_dir, compat,
                                                          "" if with_key else ", no [compat] key"))
-            p, ld_url, err = start_layad(args.layad_bin_dir, tmp, compat, with_key, args.strict)
+            p, ld_url, err = start_layad(args.layad_bin_dir, tmp, compat, with_key, args.strict, args.tournament)
             if p is None and with_key and "compat" in (err or ""):
                 notes.append("layad refused the [compat] key; rerun without it (it then behaves as built)")
                 log(notes[-1] + ":\n" + err)
@@ -408,6 +415,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=requests_gen.DEFAULT_SEED)
     ap.add_argument("--no-goldens", action="store_true", help="only the generated families, not the golden bodies")
     ap.add_argument("--no-batch", action="store_true", help="leave out the /v1/systemone/batch requests")
+    ap.add_argument("--tournament", type=int, default=0, metavar="N",
+                    help="both sides answer wide choices by elimination in groups of N: upstream "
+                         "LAYA_TOURNAMENT_GROUP=N, layad [compat] tournament_group = N")
+    ap.add_argument("--no-tournament", action="store_true", help="leave out the tournament requests")
     ap.add_argument("--strict", action="store_true",
                     help="both sides in the strict Jev projection: upstream LAYA_JEV_STRICT=1, layad output = jev-strict")
     ap.add_argument("--categories", help="comma list of categories to send")

@@ -85,10 +85,16 @@ impl Server {
                     auto_task: server.auto_task,
                     limits: RequestLimits {
                         max_token_budget: config.compat.max_token_budget,
-                        ..RequestLimits::default()
+                        // Tournament mode raises the cap: a wide choice is read in groups.
+                        max_choice_options: if config.compat.tournament_group != 0 && config.compat.upstream.is_0_4() {
+                            laya::tournament::MAX_TOURNAMENT_CHOICE_OPTIONS
+                        } else {
+                            laya::request::MAX_CHOICE_OPTIONS
+                        },
                     },
                     default_checkpoint: config.compat.default_checkpoint,
                     output: config.compat.output,
+                    tournament_group: config.compat.tournament_group as usize,
                 },
                 server.request_timeout,
                 Arc::clone(&live),
