@@ -5,12 +5,15 @@
 # - upstream `laya[serve]==0.4.15` and what it needs beyond torch's own environment (transformers,
 #   tokenizers, safetensors, huggingface_hub, fastapi, uvicorn, pydantic, ...): the pins are the
 #   versions pip resolved for /work/venvs/laya-0.4.15 (the environment the CPU comparisons used).
-#   torch, triton, the nvidia-* libraries, numpy, sympy, networkx, jinja2, fsspec and filelock are
-#   not carried: they come with torch (and CuPy), which the machine has.
+#   torch, triton, the nvidia-* libraries, numpy, sympy, networkx and jinja2 are not carried: they
+#   come with torch (and CuPy), which the machine has. filelock and fsspec come with torch too, but
+#   huggingface_hub has floors for them and they are small. Checked here: these wheels installed
+#   --no-deps into a bare venv leave `pip check` missing only torch and numpy.
 # - `laya-cuda==0.1.1` (pure Python; its CuPy and CUDA libraries are the machine's).
 # Every wheel is downloaded with --no-deps, so nothing unpinned is pulled in. The machine's Python
 # version is not known here, so the three packages with per-version binaries (pydantic_core,
-# PyYAML, regex) are fetched for CPython 3.10 to 3.14; tokenizers, safetensors and hf-xet are abi3.
+# PyYAML, regex) are fetched for CPython 3.10 to 3.14 (3.10 has no complete set: pip says so);
+# tokenizers, safetensors and hf-xet are abi3.
 # On the machine, cuda-check.sh installs them with
 #   python3 -m venv --system-site-packages V && V/bin/pip install --no-index --find-links DIR ...
 # so torch and CuPy come from the system and pip takes from DIR only what the system lacks.
@@ -50,6 +53,8 @@ pure=(
     Pygments==2.21.0
     shellingham==1.5.4
     opentelemetry-api==1.45.2
+    filelock==4.3.1
+    fsspec==2026.9.0
 )
 abi3=(tokenizers==0.23.3 safetensors==0.8.0 hf-xet==1.8.0)
 per_version=(pydantic_core==2.50.5 PyYAML==6.0.4 regex==2026.11.19)
