@@ -155,23 +155,37 @@ binaries() {
 step binaries binaries
 
 # 0b (GPU): the peers' Python environment, from the carried wheels, with torch and CuPy from the
-# system. laya-cuda goes in with --no-deps: its pins (cupy-cuda12x, nvidia-*-cu12) name CUDA 12
-# wheels, and the machine's CuPy is what it will run on.
+# system. The image's python3 is itself a venv (/opt/torch/.venv), whose packages a venv made from it
+# with --system-site-packages would not see (that flag means the base interpreter's); a .pth file
+# adds python3's own site directories after the new venv's, so pip sees torch, transformers and
+# CuPy as installed and takes from the wheels only what is missing. laya-cuda goes in with
+# --no-deps: its pins (cupy-cuda12x, nvidia-*-cu12) name CUDA 12 wheels, and the machine's CuPy is
+# what it will run on. PEERS_PYTHON (default python3) is the Python with torch.
 venv="$PWD/target/device-venv"
 peers() {
     # (set -e does not reach inside a step: each command says itself that it failed.)
+    local py=${PEERS_PYTHON:-python3} site
     rm -rf "$venv"
-    python3 -m venv --system-site-packages "$venv" || return 1
+    "$py" -m venv "$venv" || return 1
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+    "$py" -c 'import site; [print(f"import site; site.addsitedir({d!r})") for d in site.getsitepackages()]' \
+        >"$site/zz-peers-system.pth" || return 1
     "$venv/bin/python" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' || return 1
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$CARRY/wheels" 'laya[serve]==0.4.15' || return 1
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps --find-links "$CARRY/wheels" laya-cuda==0.1.1 ||
         echo "laya-cuda 0.1.1 did not install (it needs Python >= 3.12)"
     "$venv/bin/python" -c 'import laya, fastapi, uvicorn' || return 1
+    # Where python3 had laya already, pip installed no launcher: the bench starts <venv>/bin/laya-serve.
+    if [[ ! -x "$venv/bin/laya-serve" ]]; then
+        printf '#!/bin/sh\nexec %q -c "import sys; from laya.serve import main; sys.exit(main())"\n' "$venv/bin/python" >"$venv/bin/laya-serve"
+        chmod +x "$venv/bin/laya-serve"
+    fi
     "$venv/bin/pip" list --disable-pip-version-check 2>/dev/null | grep -Ei '^(laya|laya-cuda|torch|cupy.*|transformers|numpy) '
 }
 if [[ -z "${UPSTREAM_PYTHON:-}" ]]; then
     UPSTREAM_PYTHON=none
-    if [[ $cpu == 0 && -d "$CARRY/wheels" ]]; then
+    # --cpu with PEERS_PYTHON: the same environment built here (tested with /work/venvs/laya-0.4.15).
+    if [[ -d "$CARRY/wheels" && ( $cpu == 0 || -n "${PEERS_PYTHON:-}" ) ]]; then
         step peers peers
         [[ -x "$venv/bin/laya-serve" ]] && UPSTREAM_PYTHON="$venv/bin/python"
     fi
