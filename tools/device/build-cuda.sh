@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds here a linked release `layad-worker-gpu --features cuda` for compute capability 9.0 (the
 # H200), with `layad-bench` and `layad-device-check` on the same CUDA engine (what
-# tools/device/cuda-check.sh runs in-process), prints the worker's path on the last line of stdout,
+# tools/device/cuda-check.sh runs in-process) and the supervisor, `layad-http-bench` and `layad-load`
+# beside them, packs all seven into target/device-carry/layad-bins.tar.xz (what is carried to the GPU
+# machine), prints the worker's path on the last line of stdout,
 # and checks with `readelf -d` that it needs only shared libraries an H200 machine with a CUDA 13.0
 # driver and CUDA 13 libraries (torch's nvidia/* wheels) provides. Nothing here runs it: no GPU, no
 # driver.
@@ -23,6 +25,7 @@
 #
 #   tools/device/build-cuda.sh            build, check, print the binary's path
 #   BUILD_CUDA_TARGET_DIR=...             target directory (default target/build-cuda)
+#   LAYAD_DEVICE_CARRY=...                the carried directory (default target/device-carry)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -74,7 +77,7 @@ started=$(date +%s)
 # candle at the release default (opt-level 3), not the workspace's 1: on the CPU the forward's time
 # is in layad's own kernels, but on a GPU every op's host side (shape checks, kernel launch) is
 # candle's and cudarc's, several hundred ops per forward, and short requests wait on it.
-cargo build --release --locked -p layad-worker-gpu -p layad-engine-bench \
+cargo build --release --locked -p layad-worker-gpu -p layad-engine-bench -p layad -p layad-system-tests -p layad-worker-ane \
     --features layad-worker-gpu/cuda,layad-engine-bench/cuda --bins \
     --config 'profile.release.package.candle-core.opt-level = 3' \
     --config 'profile.release.package.candle-nn.opt-level = 3' >&2
@@ -105,9 +108,32 @@ done
 echo "build-cuda: needs glibc >= $(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -n 1 | cut -d_ -f2) (this machine: $(ldd --version | head -n 1 | grep -o '[0-9.]*$'))" >&2
 # The driver functions the binary binds at start (full RELRO binds them all before main).
 echo "build-cuda: driver functions bound at start: $(nm -D --undefined-only "$binary" | grep -c ' cu[A-Z]')" >&2
-# What travels to the GPU machine (the device tool carries at most 64 MiB; the three binaries are
-# about 165 MB unpacked, mostly candle's PTX): unpack there with
-#   mkdir -p target/build-cuda/release && tar -xzf target/build-cuda/cuda-bins.tar.gz -C target/build-cuda/release
-tar -C "$CARGO_TARGET_DIR/release" -czf "$CARGO_TARGET_DIR/cuda-bins.tar.gz" layad-worker-gpu layad-bench layad-device-check
-echo "build-cuda: $CARGO_TARGET_DIR/cuda-bins.tar.gz: $(($(stat -c %s "$CARGO_TARGET_DIR/cuda-bins.tar.gz") / 1048576)) MiB" >&2
+# What travels to the GPU machine: every binary tools/device/cuda-check.sh runs, in one .tar.xz in
+# the carried directory (the device tool carries at most 64 MiB in all, wheels included). The seven
+# binaries are about 350 MB unpacked; the CUDA ones each hold candle's PTX, which xz finds again in
+# the next binary with a dictionary larger than one binary (gzip's 32 KiB window does not). Measured
+# on the three CUDA binaries (165 MB), 2 busy cores: gzip 41 MiB; `xz -6 -T2` 20.9 MiB in 360 s
+# (8 MiB dictionary: no dedupe); `xz -9` 8.5 MiB in 656 s; `--lzma2=preset=3,dict=128MiB` 9.6 MiB
+# in 56 s; `--lzma2=preset=1,dict=128MiB` 9.8 MiB in 23 s, decompressed in 1 s. The last it is.
+# The supervisor, layad-http-bench, layad-load and layad-worker-ane are built with the same features in the same
+# command, so the CUDA worker also serves cuda-check's CPU pool and one directory holds everything.
+# cuda-check.sh unpacks it into CARRY/bin on the machine.
+carry="${LAYAD_DEVICE_CARRY:-$PWD/target/device-carry}"
+mkdir -p "$carry"
+# layad-worker-ane too: layad-http-bench (through layad-system-tests' bin_dir) wants every worker
+# binary beside itself and runs `cargo build` when one is missing, which the GPU machine cannot.
+bins=(layad layad-http-bench layad-load layad-worker-gpu layad-worker-ane layad-bench layad-device-check)
+for b in "${bins[@]}"; do
+    [[ -x "$CARGO_TARGET_DIR/release/$b" ]] || { echo "build-cuda: no $b built" >&2; exit 1; }
+done
+packed=$(date +%s)
+# One xz thread: with more, xz cuts the input into blocks and the PTX repeats across blocks.
+tar -C "$CARGO_TARGET_DIR/release" -cf - "${bins[@]}" | xz --lzma2=preset=1,dict=128MiB -T1 >"$carry/layad-bins.tar.xz.part"
+mv "$carry/layad-bins.tar.xz.part" "$carry/layad-bins.tar.xz"
+echo "build-cuda: $carry/layad-bins.tar.xz: $(du -b "$carry/layad-bins.tar.xz" | awk '{printf "%.1f", $1 / 1048576}') MiB ($(du -cb "${bins[@]/#/$CARGO_TARGET_DIR/release/}" | tail -n 1 | awk '{printf "%.0f", $1 / 1048576}') MiB unpacked), packed in $(($(date +%s) - packed)) s" >&2
+if [[ -d "$carry/wheels" ]]; then
+    echo "build-cuda: the whole carry, $carry: $(du -sb "$carry" | awk '{printf "%.1f", $1 / 1048576}') MiB (limit 64 MiB)" >&2
+else
+    echo "build-cuda: no $carry/wheels yet: tools/device/fetch-wheels.sh fetches the peers' wheels" >&2
+fi
 echo "$binary"

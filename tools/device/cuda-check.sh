@@ -6,6 +6,14 @@
 #
 #   tools/device/cuda-check.sh [--cpu] OUTDIR
 #
+# On the GPU machine everything comes from one carried directory, CARRY (default
+# target/device-carry), made here by tools/device/build-cuda.sh and tools/device/fetch-wheels.sh:
+#   CARRY/layad-bins.tar.xz  every binary (built with CUDA; the CUDA worker serves the CPU pool too),
+#                            unpacked by this script into CARRY/bin, which is then BIN
+#   CARRY/wheels/            laya[serve] 0.4.15 and laya-cuda 0.1.1 with what torch's environment
+#                            lacks; installed into a venv (--system-site-packages: torch and CuPy are
+#                            the system's) in step 0, which becomes UPSTREAM_PYTHON
+#
 # Steps (each writes OUTDIR/<step>.json and its log OUTDIR/<step>.log):
 #   0 binaries: every binary starts (`--help`), missing shared libraries are named; on a GPU,
 #     CUDA libraries missing from the system are taken from torch's nvidia/* wheels.
@@ -17,16 +25,21 @@
 #   3 served: layad-http-bench — latency per request shape and answers/s by clients, paired with
 #     upstream laya-serve on the same device when UPSTREAM_PYTHON names a Python with laya 0.4.15
 #     (answers compared first); skipped with a note otherwise.
-#     laya-cuda: this script has no HTTP wrapper for it yet; the step says so in the report.
+#     served-laya-cuda: the same against laya-cuda 0.1.1 behind tools/device/laya_cuda_http.py
+#     (upstream's HTTP surface; a `laya-serve` launcher in OUTDIR/laya-cuda-peer stands in for
+#     upstream's), when UPSTREAM_PYTHON can import laya_cuda's GPU runtime; skipped with a note
+#     otherwise. --cpu runs the wrapper's own self-test (a fake backend over real HTTP) instead.
 #   4 spill: the device pool alone, then beside a CPU pool with spill on, under the same bursty
 #     open-loop load (layad-load) at LOAD_FRACTION of the device pool's closed-loop capacity:
 #     0 errors, P99 of short and long requests for both.
 #   5 report: OUTDIR/summary.json and OUTDIR/table.md (tools/device/cuda_report.py).
 #
-# Environment: BIN (layad, layad-http-bench, layad-load, CPU workers; default target/release),
-# DEV_BIN (layad-worker-gpu, layad-bench and layad-device-check built for the device; default
-# target/build-cuda/release, --cpu: BIN), DEVICE (default cuda:0), UPSTREAM_PYTHON (default none),
-# CPU_THREADS (the CPU pool beside the GPU; default 14), PORT (default 18760), LOAD_FRACTION (0.7).
+# Environment: BIN (every binary: layad, layad-http-bench, layad-load, layad-worker-gpu, layad-bench,
+# layad-device-check; default CARRY/bin when CARRY/layad-bins.tar.xz is there, else target/release),
+# DEV_BIN (the device's layad-worker-gpu, layad-bench, layad-device-check, when they live elsewhere;
+# default BIN), DEVICE (default cuda:0), UPSTREAM_PYTHON (default: the venv made from CARRY/wheels on
+# a GPU, none with --cpu), CPU_THREADS (the CPU pool beside the GPU; default 14), PORT (default
+# 18760), LOAD_FRACTION (0.7).
 # Exits 1 when any step failed; the report still lists what ran.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,12 +57,24 @@ mkdir -p "$1"
 out="$(cd "$1" && pwd)"
 started=$(date +%s)
 
+CARRY="${CARRY:-target/device-carry}"
+# The carried binaries, unpacked once (a rerun on the same machine reuses them).
+if [[ -z "${BIN:-}" && -f "$CARRY/layad-bins.tar.xz" ]]; then
+    if [[ ! -x "$CARRY/bin/layad" || "$CARRY/layad-bins.tar.xz" -nt "$CARRY/bin/layad" ]]; then
+        t0=$(date +%s)
+        rm -rf "$CARRY/bin"
+        mkdir -p "$CARRY/bin"
+        xz -dc -T0 "$CARRY/layad-bins.tar.xz" | tar -x -C "$CARRY/bin"
+        touch "$CARRY/bin/layad"
+        echo "cuda-check: unpacked $CARRY/layad-bins.tar.xz into $CARRY/bin in $(($(date +%s) - t0)) s" >&2
+    fi
+    BIN="$CARRY/bin"
+fi
 BIN="$(cd "${BIN:-target/release}" && pwd)"
+DEV_BIN="$(cd "${DEV_BIN:-$BIN}" && pwd)"
 PORT=${PORT:-18760}
 LOAD_FRACTION=${LOAD_FRACTION:-0.7}
-UPSTREAM_PYTHON=${UPSTREAM_PYTHON:-none}
 if [[ $cpu == 1 ]]; then
-    DEV_BIN="$(cd "${DEV_BIN:-$BIN}" && pwd)"
     device=cpu
     dev_threads=1
     cpu_threads=${CPU_THREADS:-1}
@@ -65,7 +90,6 @@ if [[ $cpu == 1 ]]; then
     run_seconds=12
     upstream_device=cpu
 else
-    DEV_BIN="$(cd "${DEV_BIN:-target/build-cuda/release}" && pwd)"
     device=${DEVICE:-cuda:0}
     dev_threads=2
     cpu_threads=${CPU_THREADS:-14}
@@ -117,7 +141,7 @@ binaries() {
         echo "LD_LIBRARY_PATH from torch's nvidia wheels: $extra"
     fi
     local missing=0
-    for b in "$BIN/layad" "$BIN/layad-http-bench" "$BIN/layad-load" "$DEV_BIN/layad-worker-gpu" \
+    for b in "$BIN/layad" "$BIN/layad-http-bench" "$BIN/layad-load" "$BIN/layad-worker-ane" "$DEV_BIN/layad-worker-gpu" \
         "$DEV_BIN/layad-bench" "$DEV_BIN/layad-device-check"; do
         if ! "$b" --help >/dev/null; then
             echo "$b does not start:"
@@ -129,6 +153,43 @@ binaries() {
     return $missing
 }
 step binaries binaries
+
+# 0b (GPU): the peers' Python environment, from the carried wheels, with torch and CuPy from the
+# system. The image's python3 is itself a venv (/opt/torch/.venv), whose packages a venv made from it
+# with --system-site-packages would not see (that flag means the base interpreter's); a .pth file
+# adds python3's own site directories after the new venv's, so pip sees torch, transformers and
+# CuPy as installed and takes from the wheels only what is missing. laya-cuda goes in with
+# --no-deps: its pins (cupy-cuda12x, nvidia-*-cu12) name CUDA 12 wheels, and the machine's CuPy is
+# what it will run on. PEERS_PYTHON (default python3) is the Python with torch.
+venv="$PWD/target/device-venv"
+peers() {
+    # (set -e does not reach inside a step: each command says itself that it failed.)
+    local py=${PEERS_PYTHON:-python3} site
+    rm -rf "$venv"
+    "$py" -m venv "$venv" || return 1
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+    "$py" -c 'import site; [print(f"import site; site.addsitedir({d!r})") for d in site.getsitepackages()]' \
+        >"$site/zz-peers-system.pth" || return 1
+    "$venv/bin/python" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$CARRY/wheels" 'laya[serve]==0.4.15' || return 1
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps --find-links "$CARRY/wheels" laya-cuda==0.1.1 ||
+        echo "laya-cuda 0.1.1 did not install (it needs Python >= 3.12)"
+    "$venv/bin/python" -c 'import laya, fastapi, uvicorn' || return 1
+    # Where python3 had laya already, pip installed no launcher: the bench starts <venv>/bin/laya-serve.
+    if [[ ! -x "$venv/bin/laya-serve" ]]; then
+        printf '#!/bin/sh\nexec %q -c "import sys; from laya.serve import main; sys.exit(main())"\n' "$venv/bin/python" >"$venv/bin/laya-serve"
+        chmod +x "$venv/bin/laya-serve"
+    fi
+    "$venv/bin/pip" list --disable-pip-version-check 2>/dev/null | grep -Ei '^(laya|laya-cuda|torch|cupy.*|transformers|numpy) '
+}
+if [[ -z "${UPSTREAM_PYTHON:-}" ]]; then
+    UPSTREAM_PYTHON=none
+    # --cpu with PEERS_PYTHON: the same environment built here (tested with /work/venvs/laya-0.4.15).
+    if [[ -d "$CARRY/wheels" && ( $cpu == 0 || -n "${PEERS_PYTHON:-}" ) ]]; then
+        step peers peers
+        [[ -x "$venv/bin/laya-serve" ]] && UPSTREAM_PYTHON="$venv/bin/python"
+    fi
+fi
 # The library path found in step 0 must reach the later steps too.
 if [[ $cpu == 0 ]] && grep -q '^LD_LIBRARY_PATH from' "$out/binaries.log"; then
     export LD_LIBRARY_PATH="$(sed -n 's/^LD_LIBRARY_PATH from torch.s nvidia wheels: //p' "$out/binaries.log")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -149,12 +210,32 @@ checkpoint=$(find "$out/bench" -maxdepth 1 -type d -name "$model-v*" 2>/dev/null
 if [[ "$UPSTREAM_PYTHON" == none ]]; then
     note "served: upstream laya-serve 0.4.15 skipped (UPSTREAM_PYTHON not given)"
 fi
-note "served: laya-cuda skipped (this script has no HTTP wrapper for it yet)"
-if [[ -n "$checkpoint" ]]; then
-    step served "$BIN/layad-http-bench" --checkpoint "$checkpoint" --device "$device" \
+served() { # peer python, output: layad-http-bench against the peer whose `laya-serve` sits beside python
+    "$BIN/layad-http-bench" --checkpoint "$checkpoint" --device "$device" \
         --worker-dir "$DEV_BIN" --dtype "$served_dtype" --threads "$dev_threads" --shapes short,long \
         --pairs "$pairs" --seconds "$served_seconds" --concurrency "$clients" \
-        --upstream-python "$UPSTREAM_PYTHON" --upstream-device "$upstream_device" --out "$out/served.json"
+        --upstream-python "$1" --upstream-device "$upstream_device" --out "$2"
+}
+# laya-cuda's peer: a `laya-serve` launcher running the wrapper, beside a `python` link the bench
+# is pointed at (it starts `<dir of python>/laya-serve` with upstream's environment).
+laya_cuda=none
+if [[ $cpu == 1 ]]; then
+    step laya-cuda-wrapper python3 tools/device/laya_cuda_http.py --self-test
+    note "served: laya-cuda skipped (no GPU); its HTTP wrapper's self-test ran instead"
+elif [[ "$UPSTREAM_PYTHON" == none ]]; then
+    note "served: laya-cuda skipped (no Python environment for the peers)"
+elif ! "$UPSTREAM_PYTHON" -c 'import laya_cuda.runtime' >"$out/laya-cuda-import.log" 2>&1; then
+    note "served: laya-cuda skipped, its GPU runtime does not import: $(tail -n 1 "$out/laya-cuda-import.log")"
+else
+    mkdir -p "$out/laya-cuda-peer"
+    ln -sf "$UPSTREAM_PYTHON" "$out/laya-cuda-peer/python"
+    printf '#!/bin/sh\nexec %q %q\n' "$UPSTREAM_PYTHON" "$PWD/tools/device/laya_cuda_http.py" >"$out/laya-cuda-peer/laya-serve"
+    chmod +x "$out/laya-cuda-peer/laya-serve"
+    laya_cuda="$out/laya-cuda-peer/python"
+fi
+if [[ -n "$checkpoint" ]]; then
+    step served served "$UPSTREAM_PYTHON" "$out/served.json"
+    [[ "$laya_cuda" == none ]] || step served-laya-cuda served "$laya_cuda" "$out/served-laya-cuda.json"
 else
     note "served: skipped, step forward wrote no checkpoint"
     failed+=(served)

@@ -80,28 +80,38 @@ def main():
                  f"p50 {c['p50_ms']:.2f} ms, p90 {c['p90_ms']:.2f} ms, {c['tokens_per_s']:.0f} tok/s")
             )
 
-    served = load(out, "served.json")
-    if served is None:
-        problems.append("served: no served.json")
-    else:
-        summary["served"] = {"latency": served.get("latency"), "throughput": served.get("throughput"),
-                             "answer_parity": served.get("answer_parity"), "worker": served.get("layad", {}).get("worker")}
+    # The served step against each peer: upstream laya-serve (served.json), laya-cuda behind
+    # tools/device/laya_cuda_http.py (served-laya-cuda.json, only where it ran).
+    summary["served"] = {}
+    for name, peer, required in (("served.json", "upstream", True), ("served-laya-cuda.json", "laya-cuda", False)):
+        served = load(out, name)
+        if served is None:
+            if required:
+                problems.append(f"served: no {name}")
+            continue
+        summary["served"][peer] = {"latency": served.get("latency"), "throughput": served.get("throughput"),
+                                   "answer_parity": served.get("answer_parity"), "worker": served.get("layad", {}).get("worker")}
+        for parity in served.get("answer_parity") or []:
+            rows.append(("3 served", f"answers vs {peer}, {parity['shape']}", f"max |Δ| {parity['max_abs_answer_diff']:.4f}"))
         for r in served.get("latency", []):
-            upstream = r.get("upstream_p50_ms")
+            theirs = r.get("upstream_p50_ms")
             rows.append(
                 ("3 served", f"{r['label']}",
                  f"layad p50 {r['layad_p50_ms']:.1f} ms, p90 {r['layad_p90_ms']:.1f} ms"
-                 + (f"; upstream p50 {upstream:.1f} ms, layad/upstream {r['median_ratio']:.2f}" if upstream else "; upstream not run"))
+                 + (f"; {peer} p50 {theirs:.1f} ms, layad/{peer} {r['median_ratio']:.2f}" if theirs else f"; {peer} not run"))
             )
         for t in served.get("throughput", []):
-            up = t.get("upstream_answers_per_s")
+            theirs = t.get("upstream_answers_per_s")
             rows.append(
                 ("3 served", f"{t['clients']} clients",
                  f"layad {t['layad_answers_per_s']:.1f} answers/s, {t['layad_errors']} errors"
-                 + (f"; upstream {up:.1f} answers/s ({t['ratio']:.2f}×)" if up else "; upstream not run"))
+                 + (f"; {peer} {theirs:.1f} answers/s ({t['ratio']:.2f}×), {t.get('upstream_errors')} errors"
+                    if theirs else f"; {peer} not run"))
             )
             if t["layad_errors"]:
-                problems.append(f"served: {t['layad_errors']} errors at {t['clients']} clients")
+                problems.append(f"served: {t['layad_errors']} layad errors at {t['clients']} clients (vs {peer})")
+            if theirs and t.get("upstream_errors"):
+                problems.append(f"served: {t['upstream_errors']} {peer} errors at {t['clients']} clients")
 
     spill = {}
     for config in ("alone", "with-cpu"):
