@@ -117,7 +117,7 @@ echo "build-cuda: driver functions bound at start: $(nm -D --undefined-only "$bi
 # in 56 s; `--lzma2=preset=1,dict=128MiB` 9.8 MiB in 23 s, decompressed in 1 s. The last it is.
 # The supervisor, layad-http-bench, layad-load and layad-worker-ane are built with the same features in the same
 # command, so the CUDA worker also serves cuda-check's CPU pool and one directory holds everything.
-# cuda-check.sh unpacks it into CARRY/bin on the machine.
+# cuda-check.sh unpacks it into target/device-bin (outside the carried directory) on the machine.
 carry="${LAYAD_DEVICE_CARRY:-$PWD/target/device-carry}"
 mkdir -p "$carry"
 # layad-worker-ane too: layad-http-bench (through layad-system-tests' bin_dir) wants every worker
@@ -132,7 +132,9 @@ tar -C "$CARGO_TARGET_DIR/release" -cf - "${bins[@]}" | xz --lzma2=preset=1,dict
 mv "$carry/layad-bins.tar.xz.part" "$carry/layad-bins.tar.xz"
 echo "build-cuda: $carry/layad-bins.tar.xz: $(du -b "$carry/layad-bins.tar.xz" | awk '{printf "%.1f", $1 / 1048576}') MiB ($(du -cb "${bins[@]/#/$CARGO_TARGET_DIR/release/}" | tail -n 1 | awk '{printf "%.0f", $1 / 1048576}') MiB unpacked), packed in $(($(date +%s) - packed)) s" >&2
 if [[ -d "$carry/wheels" ]]; then
-    echo "build-cuda: the whole carry, $carry: $(du -sb "$carry" | awk '{printf "%.1f", $1 / 1048576}') MiB (limit 64 MiB)" >&2
+    # The device tool's 64 MiB count the working tree (tracked files) too.
+    tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -n 1 | cut -f1)
+    echo "build-cuda: the carry, $carry: $(du -sb "$carry" | awk '{printf "%.1f", $1 / 1048576}') MiB, with the working tree's $(awk -v t="$tree" 'BEGIN {printf "%.1f", t / 1048576}') MiB: $(du -sb "$carry" | awk -v t="$tree" '{printf "%.1f", ($1 + t) / 1048576}') MiB (the device tool's limit: 64 MiB)" >&2
 else
     echo "build-cuda: no $carry/wheels yet: tools/device/fetch-wheels.sh fetches the peers' wheels" >&2
 fi

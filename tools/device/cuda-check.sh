@@ -6,13 +6,14 @@
 #
 #   tools/device/cuda-check.sh [--cpu] OUTDIR
 #
+# On the GPU machine it runs through tools/device/gpu-run.sh, which hands OUTDIR back under $OUT.
 # On the GPU machine everything comes from one carried directory, CARRY (default
 # target/device-carry), made here by tools/device/build-cuda.sh and tools/device/fetch-wheels.sh:
 #   CARRY/layad-bins.tar.xz  every binary (built with CUDA; the CUDA worker serves the CPU pool too),
-#                            unpacked by this script into CARRY/bin, which is then BIN
-#   CARRY/wheels/            laya[serve] 0.4.15 and laya-cuda 0.1.1 with what torch's environment
-#                            lacks; installed into a venv (--system-site-packages: torch and CuPy are
-#                            the system's) in step 0, which becomes UPSTREAM_PYTHON
+#                            unpacked by this script into target/device-bin, then BIN
+#   CARRY/wheels/            laya[serve] 0.4.15 and laya-cuda 0.1.1 with what the image lacks;
+#                            installed into a venv over python3's own packages (torch, transformers,
+#                            CuPy) in step 0b, which becomes UPSTREAM_PYTHON
 #
 # Steps (each writes OUTDIR/<step>.json and its log OUTDIR/<step>.log):
 #   0 binaries: every binary starts (`--help`), missing shared libraries are named; on a GPU,
@@ -35,7 +36,8 @@
 #   5 report: OUTDIR/summary.json and OUTDIR/table.md (tools/device/cuda_report.py).
 #
 # Environment: BIN (every binary: layad, layad-http-bench, layad-load, layad-worker-gpu, layad-bench,
-# layad-device-check; default CARRY/bin when CARRY/layad-bins.tar.xz is there, else target/release),
+# layad-device-check; default target/device-bin, unpacked from CARRY/layad-bins.tar.xz, when that is
+# there, else target/release),
 # DEV_BIN (the device's layad-worker-gpu, layad-bench, layad-device-check, when they live elsewhere;
 # default BIN), DEVICE (default cuda:0), UPSTREAM_PYTHON (default: the venv made from CARRY/wheels on
 # a GPU, none with --cpu), CPU_THREADS (the CPU pool beside the GPU; default 14), PORT (default
@@ -58,17 +60,19 @@ out="$(cd "$1" && pwd)"
 started=$(date +%s)
 
 CARRY="${CARRY:-target/device-carry}"
-# The carried binaries, unpacked once (a rerun on the same machine reuses them).
+# The carried binaries, unpacked once (a rerun on the same machine reuses them), outside the carried
+# directory so that it stays the size that was carried.
 if [[ -z "${BIN:-}" && -f "$CARRY/layad-bins.tar.xz" ]]; then
-    if [[ ! -x "$CARRY/bin/layad" || "$CARRY/layad-bins.tar.xz" -nt "$CARRY/bin/layad" ]]; then
+    unpacked=target/device-bin
+    if [[ ! -x "$unpacked/layad" || "$CARRY/layad-bins.tar.xz" -nt "$unpacked/layad" ]]; then
         t0=$(date +%s)
-        rm -rf "$CARRY/bin"
-        mkdir -p "$CARRY/bin"
-        xz -dc -T0 "$CARRY/layad-bins.tar.xz" | tar -x -C "$CARRY/bin"
-        touch "$CARRY/bin/layad"
-        echo "cuda-check: unpacked $CARRY/layad-bins.tar.xz into $CARRY/bin in $(($(date +%s) - t0)) s" >&2
+        rm -rf "$unpacked"
+        mkdir -p "$unpacked"
+        xz -dc -T0 "$CARRY/layad-bins.tar.xz" | tar -x -C "$unpacked"
+        touch "$unpacked/layad"
+        echo "cuda-check: unpacked $CARRY/layad-bins.tar.xz into $unpacked in $(($(date +%s) - t0)) s" >&2
     fi
-    BIN="$CARRY/bin"
+    BIN="$unpacked"
 fi
 BIN="$(cd "${BIN:-target/release}" && pwd)"
 DEV_BIN="$(cd "${DEV_BIN:-$BIN}" && pwd)"

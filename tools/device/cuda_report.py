@@ -91,19 +91,20 @@ def main():
             continue
         summary["served"][peer] = {"latency": served.get("latency"), "throughput": served.get("throughput"),
                                    "answer_parity": served.get("answer_parity"), "worker": served.get("layad", {}).get("worker")}
+        tag = "" if peer == "upstream" else f" (run beside {peer})"
         for parity in served.get("answer_parity") or []:
             rows.append(("3 served", f"answers vs {peer}, {parity['shape']}", f"max |Δ| {parity['max_abs_answer_diff']:.4f}"))
         for r in served.get("latency", []):
             theirs = r.get("upstream_p50_ms")
             rows.append(
-                ("3 served", f"{r['label']}",
+                ("3 served", f"{r['label']}{tag}",
                  f"layad p50 {r['layad_p50_ms']:.1f} ms, p90 {r['layad_p90_ms']:.1f} ms"
                  + (f"; {peer} p50 {theirs:.1f} ms, layad/{peer} {r['median_ratio']:.2f}" if theirs else f"; {peer} not run"))
             )
         for t in served.get("throughput", []):
             theirs = t.get("upstream_answers_per_s")
             rows.append(
-                ("3 served", f"{t['clients']} clients",
+                ("3 served", f"{t['clients']} clients{tag}",
                  f"layad {t['layad_answers_per_s']:.1f} answers/s, {t['layad_errors']} errors"
                  + (f"; {peer} {theirs:.1f} answers/s ({t['ratio']:.2f}×), {t.get('upstream_errors')} errors"
                     if theirs else f"; {peer} not run"))
