@@ -305,7 +305,7 @@ impl Decisions {
                 }
             }
         });
-        let all = futures::future::try_join_all(runs);
+        let all = all_in_order(runs);
         let outputs = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), all).await {
             Ok(Ok(outputs)) => outputs,
             Ok(Err(e)) => {
@@ -352,7 +352,8 @@ impl Decisions {
     }
 
     /// One tournament per state, all at once (upstream plays them one after the other; the
-    /// answers are the same), rendered in request order; the first failure ends the batch.
+    /// answers are the same), rendered in request order; the first failure in request order ends the
+    /// batch.
     async fn play_batch(
         &self,
         batch: &BatchRequest,
@@ -365,7 +366,7 @@ impl Decisions {
             let request = batch.request(i)?;
             Some(self.play(request, tournament.clone(), format!("{request_id}/{i}"), deadline))
         });
-        let played = futures::future::try_join_all(plays).await?;
+        let played = all_in_order(plays).await?;
         let mut results = Vec::with_capacity(played.len());
         for play in played {
             for (pool, class, queue, device) in play.jobs {
@@ -618,4 +619,70 @@ fn diagnostics_block(output: &JobOutput) -> Value {
         "device_ms": ms(answer.device_time),
         "batch_rows": answer.batch_rows,
     })
+}
+
+/// Runs `futures` at once and returns their outputs in order, or, as soon as every earlier one has
+/// finished, the error of the first one *in order* that failed: the error a batch reports is the
+/// one upstream, which answers the states one after the other, would report, whatever finished
+/// first. Returning early drops the rest, which withdraws their jobs.
+async fn all_in_order<T, E, F>(futures: impl IntoIterator<Item = F>) -> Result<Vec<T>, E>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let mut pending: FuturesUnordered<_> = futures
+        .into_iter()
+        .enumerate()
+        .map(|(i, future)| async move { (i, future.await) })
+        .collect();
+    let mut slots: Vec<Option<Result<T, E>>> = (0..pending.len()).map(|_| None).collect();
+    // Every slot before `settled` holds an output.
+    let mut settled = 0;
+    while let Some((i, result)) = pending.next().await {
+        slots[i] = Some(result);
+        while let Some(slot) = slots.get_mut(settled) {
+            match slot {
+                None => break,
+                Some(Ok(_)) => settled += 1,
+                Some(Err(_)) => {
+                    if let Some(Err(e)) = slot.take() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::all_in_order;
+
+    async fn after(ms: u64, result: Result<u32, &'static str>) -> Result<u32, &'static str> {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        result
+    }
+
+    #[tokio::test]
+    async fn outputs_come_in_order_whatever_finishes_first() {
+        let futures = vec![after(30, Ok(0)), after(0, Ok(1)), after(10, Ok(2))];
+        assert_eq!(all_in_order(futures).await, Ok(vec![0, 1, 2]));
+    }
+
+    #[tokio::test]
+    async fn the_first_error_in_order_wins_over_an_earlier_finished_one() {
+        let futures = vec![after(0, Ok(0)), after(30, Err("second")), after(0, Err("third"))];
+        assert_eq!(all_in_order(futures).await, Err("second"));
+    }
+
+    #[tokio::test]
+    async fn an_error_returns_without_waiting_for_later_ones() {
+        let started = std::time::Instant::now();
+        let futures = vec![after(0, Err("first")), after(5_000, Ok(1))];
+        assert_eq!(all_in_order(futures).await, Err("first"));
+        assert!(started.elapsed() < Duration::from_secs(4));
+    }
 }
