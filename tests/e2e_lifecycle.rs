@@ -342,7 +342,7 @@ async fn a_laya_serve_environment_starts_layad_with_the_same_meaning() {
         "LAYA_BODY_READ_TIMEOUT=5: server.body_timeout = 5s",
         "LAYA_MAX_CONCURRENT=8: server.max_concurrent = 8",
         "LAYA_MAX_LOADED=2 has no effect in layad",
-        "compat.tournament_group = 16 has no effect yet",
+        "LAYA_TOURNAMENT_GROUP=16: compat.tournament_group = 16",
         "LAYA_API_KEY is set",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");

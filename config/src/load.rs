@@ -178,7 +178,7 @@ impl Config {
     }
 
     /// [`Config::load`], plus what was made of upstream's `LAYA_*` variables (and settings that
-    /// are kept but have no effect yet), for the start-up log.
+    /// have no effect under the chosen upstream release), for the start-up log.
     pub fn load_with_notes(sources: &Sources) -> Result<(Config, Vec<Note>), ConfigError> {
         let mut figment = Figment::from(defaults_layer()?);
         if let Some(path) = &sources.file {
