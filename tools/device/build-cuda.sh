@@ -25,13 +25,13 @@
 #
 #   tools/device/build-cuda.sh            build, check, print the binary's path
 #   BUILD_CUDA_TARGET_DIR=...             target directory (default target/build-cuda)
-#   LAYAD_DEVICE_CARRY=...                the carried directory (default target/device-carry)
+#   LAYADDEV_DEVICE_CARRY=...                the carried directory (default target/device-carry)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 cuda_home="$(tools/device/cuda-toolkit.sh)"
 lib_dirs="$(tools/device/cuda-toolkit.sh --libs)"
-cache="${LAYAD_CUDA_CACHE:-$HOME/.cache/layad-cuda}"
+cache="${LAYADDEV_CUDA_CACHE:-$HOME/.cache/layad-cuda}"
 cudarc_sys="$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -path '*/cudarc-0.19.10/src/driver/sys/mod.rs' | head -n 1)"
 if [[ -z "$cudarc_sys" ]]; then
     cargo fetch --locked >/dev/null
@@ -69,9 +69,9 @@ export CUDA_HOME="$cuda_home"
 export CUDA_ROOT="$link"
 export CUDA_COMPUTE_CAP=90
 export CUDARC_CUDA_VERSION=13000
-export LAYAD_NVCC_REAL="$cuda_home/bin/nvcc"
+export LAYADDEV_NVCC_REAL="$cuda_home/bin/nvcc"
 export NVCC="$PWD/tools/device/nvcc-cache"
-unset LAYAD_NVCC_STANDIN
+unset LAYADDEV_NVCC_STANDIN
 export CARGO_TARGET_DIR="${BUILD_CUDA_TARGET_DIR:-$PWD/target/build-cuda}"
 started=$(date +%s)
 # candle at the release default (opt-level 3), not the workspace's 1: on the CPU the forward's time
@@ -118,7 +118,7 @@ echo "build-cuda: driver functions bound at start: $(nm -D --undefined-only "$bi
 # The supervisor, layad-http-bench, layad-load and layad-worker-ane are built with the same features in the same
 # command, so the CUDA worker also serves cuda-check's CPU pool and one directory holds everything.
 # cuda-check.sh unpacks it into target/device-bin (outside the carried directory) on the machine.
-carry="${LAYAD_DEVICE_CARRY:-$PWD/target/device-carry}"
+carry="${LAYADDEV_DEVICE_CARRY:-$PWD/target/device-carry}"
 mkdir -p "$carry"
 # layad-worker-ane too: layad-http-bench (through layad-system-tests' bin_dir) wants every worker
 # binary beside itself and runs `cargo build` when one is missing, which the GPU machine cannot.

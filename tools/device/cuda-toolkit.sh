@@ -12,11 +12,11 @@
 #   tools/device/cuda-toolkit.sh --libs  cuBLAS, cuRAND and NVRTC shared libraries, for linking;
 #                                        prints the directories that hold them
 #
-# Cache: $LAYAD_CUDA_CACHE (default ~/.cache/layad-cuda)/toolkit-13.0 and libs-13.0. Exits 1 (and
+# Cache: $LAYADDEV_CUDA_CACHE (default ~/.cache/layad-cuda)/toolkit-13.0 and libs-13.0. Exits 1 (and
 # says why on stderr) when pip cannot fetch them, e.g. without network.
 set -euo pipefail
 
-cache="${LAYAD_CUDA_CACHE:-$HOME/.cache/layad-cuda}"
+cache="${LAYADDEV_CUDA_CACHE:-$HOME/.cache/layad-cuda}"
 root="$cache/toolkit-13.0"
 home="$root/nvidia/cu13"
 

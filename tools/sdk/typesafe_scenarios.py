@@ -45,7 +45,7 @@ DEFAULT_VENV = "/work/venvs/typesafe"
 DEFAULT_BIN_DIR = str(REPO / "target" / "release")  # `cargo build --release --bins`
 DEFAULT_HF_HOME = REPO / "tests" / "fixtures" / "hf-cache"
 SERVER_KEY = "layad-sdk-scenarios-key"
-REEXEC_MARK = "LAYAD_SDK_SCENARIOS_REEXEC"
+REEXEC_MARK = "LAYADDEV_SDK_SCENARIOS_REEXEC"
 
 
 # ------------------------------------------------------------------------------------------------
