@@ -149,41 +149,20 @@ impl Decisions {
         };
         let checkpoints = Arc::clone(&self.checkpoints);
         let options = self.options;
-        let turn = match tokio::time::timeout_at(
-            tokio::time::Instant::from_std(deadline),
-            Arc::clone(&self.preparing).acquire_owned(),
-        )
-        .await
-        {
-            Ok(Ok(turn)) => turn,
-            Ok(Err(_)) | Err(_) => {
-                outcome.timings.prepare = Some(prepare_started.elapsed());
-                outcome.result = Err(BackendError::DeadlineExpired.into());
-                return outcome;
-            }
-        };
-        // JSON parsing and tokenizing are CPU work: keep them off the reactor.
-        let prepared = tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let request = parse_body(&json, options.upstream, options.limits)?;
-            if let Some(tournament) = plan_tournament(&request.questions, options)? {
-                return Ok(Err((request, tournament)));
-            }
-            prepare(&request, |name| checkpoints.get(name), options).map(Ok)
-        })
-        .await;
+        let prepared = self
+            .prepare_off_reactor(deadline, request_id, move || {
+                let request = parse_body(&json, options.upstream, options.limits)?;
+                if let Some(tournament) = plan_tournament(&request.questions, options)? {
+                    return Ok(Err((request, tournament)));
+                }
+                prepare(&request, |name| checkpoints.get(name), options).map(Ok)
+            })
+            .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
         let prepared = match prepared {
-            Ok(Ok(prepared)) => prepared,
-            Ok(Err(e)) => {
-                outcome.result = Err(e.into());
-                return outcome;
-            }
-            Err(join) => {
-                tracing::error!(request_id, error = %join, "preparing the request panicked");
-                outcome.result = Err(DecisionError::Internal(format!(
-                    "preparing the request panicked: {join}"
-                )));
+            Ok(prepared) => prepared,
+            Err(e) => {
+                outcome.result = Err(e);
                 return outcome;
             }
         };
@@ -215,6 +194,41 @@ impl Decisions {
         outcome
     }
 
+    /// Runs `work` (JSON parsing and tokenizing: CPU work) off the reactor in one of the
+    /// preparation turns, waiting for a turn no later than `deadline`.
+    async fn prepare_off_reactor<T, E>(
+        &self,
+        deadline: Instant,
+        request_id: &str,
+        work: impl FnOnce() -> Result<T, E> + Send + 'static,
+    ) -> Result<T, DecisionError>
+    where
+        T: Send + 'static,
+        E: Into<DecisionError> + Send + 'static,
+    {
+        let turn = tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            Arc::clone(&self.preparing).acquire_owned(),
+        )
+        .await
+        .map_err(|_| BackendError::DeadlineExpired)?
+        .map_err(|_| BackendError::DeadlineExpired)?;
+        let prepared = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            work()
+        })
+        .await;
+        match prepared {
+            Ok(result) => result.map_err(Into::into),
+            Err(join) => {
+                tracing::error!(request_id, error = %join, "preparing the request panicked");
+                Err(DecisionError::Internal(format!(
+                    "preparing the request panicked: {join}"
+                )))
+            }
+        }
+    }
+
     /// Answers a batch whose (decoded) body is `json` (upstream 0.4.15's route; the caller refuses
     /// it under 0.3.20). One deadline for the whole batch, from `prepare_started`.
     pub async fn answer_batch(&self, json: Bytes, prepare_started: Instant, request_id: &str) -> BatchOutcome {
@@ -227,39 +241,21 @@ impl Decisions {
         };
         let checkpoints = Arc::clone(&self.checkpoints);
         let options = self.options;
-        let turn = match tokio::time::timeout_at(
-            tokio::time::Instant::from_std(deadline),
-            Arc::clone(&self.preparing).acquire_owned(),
-        )
-        .await
-        {
-            Ok(Ok(turn)) => turn,
-            Ok(Err(_)) | Err(_) => {
-                outcome.timings.prepare = Some(prepare_started.elapsed());
-                outcome.result = Err(BackendError::DeadlineExpired.into());
-                return outcome;
-            }
-        };
-        let prepared = tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let batch = parse_batch_body(&json, options.limits)?;
-            // A batch shares one question set, so whether it is narrowed is decided once.
-            if let Some(tournament) = plan_tournament(&batch.questions, options)? {
-                return Ok(Err((batch, tournament)));
-            }
-            prepare_batch(&batch, &checkpoints, options).map(Ok)
-        })
-        .await;
+        let prepared = self
+            .prepare_off_reactor(deadline, request_id, move || {
+                let batch = parse_batch_body(&json, options.limits)?;
+                // A batch shares one question set, so whether it is narrowed is decided once.
+                if let Some(tournament) = plan_tournament(&batch.questions, options)? {
+                    return Ok(Err((batch, tournament)));
+                }
+                prepare_batch(&batch, &checkpoints, options).map(Ok)
+            })
+            .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
         let prepared = match prepared {
-            Ok(Ok(prepared)) => prepared,
-            Ok(Err(e)) => {
-                outcome.result = Err(e.into());
-                return outcome;
-            }
-            Err(join) => {
-                tracing::error!(request_id, error = %join, "preparing the batch panicked");
-                outcome.result = Err(DecisionError::Internal(format!("preparing the batch panicked: {join}")));
+            Ok(prepared) => prepared,
+            Err(e) => {
+                outcome.result = Err(e);
                 return outcome;
             }
         };
@@ -442,24 +438,13 @@ impl Decisions {
         deadline: Instant,
         played: &mut Played,
     ) -> Result<(Map<String, Value>, Option<JobOutput>), DecisionError> {
-        let turn = tokio::time::timeout_at(
-            tokio::time::Instant::from_std(deadline),
-            Arc::clone(&self.preparing).acquire_owned(),
-        )
-        .await
-        .map_err(|_| BackendError::DeadlineExpired)?
-        .map_err(|_| BackendError::DeadlineExpired)?;
         let checkpoints = Arc::clone(&self.checkpoints);
         let options = self.options;
-        let prepared = tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            prepare(&request, |name| checkpoints.get(name), options)
-        })
-        .await
-        .map_err(|join| {
-            tracing::error!(request_id, error = %join, "preparing a tournament call panicked");
-            DecisionError::Internal(format!("preparing a tournament call panicked: {join}"))
-        })??;
+        let prepared = self
+            .prepare_off_reactor(deadline, request_id, move || {
+                prepare(&request, |name| checkpoints.get(name), options)
+            })
+            .await?;
         played.checkpoint = Some(prepared.checkpoint());
         let checkpoint = self.checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
             DecisionError::Internal(format!(
