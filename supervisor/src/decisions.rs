@@ -462,17 +462,7 @@ impl Decisions {
                 deadline,
             };
             let class = job.class();
-            let run = self.backend.run(job);
-            let output = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
-                Ok(Ok(output)) => output,
-                Ok(Err(e)) => {
-                    if let BackendError::Failed(reason) = &e {
-                        tracing::error!(request_id, %reason, "inference failed");
-                    }
-                    return Err(e.into());
-                }
-                Err(_) => return Err(BackendError::DeadlineExpired.into()),
-            };
+            let output = self.run_by_deadline(job, request_id, deadline).await?;
             let answer = &output.answer;
             played
                 .jobs
@@ -482,6 +472,22 @@ impl Decisions {
         let rows = output.as_ref().map_or(&[][..], |o| &o.answer.outputs[..]);
         let body = respond_unprojected(&prepared, checkpoint, rows)?;
         Ok((body, output))
+    }
+
+    /// Runs `job` on the backend by `deadline`, the request's one deadline: when it passes,
+    /// dropping the run withdraws the job from whatever queue holds it.
+    async fn run_by_deadline(&self, job: Job, request_id: &str, deadline: Instant) -> Result<JobOutput, DecisionError> {
+        let run = self.backend.run(job);
+        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(e)) => {
+                if let BackendError::Failed(reason) = &e {
+                    tracing::error!(request_id, %reason, "inference failed");
+                }
+                Err(e.into())
+            }
+            Err(_) => Err(BackendError::DeadlineExpired.into()),
+        }
     }
 
     /// Runs the rows (if any) by `deadline` and renders the answer.
@@ -510,19 +516,7 @@ impl Decisions {
                 deadline,
             };
             outcome.timings.class = Some(job.class());
-            // The one deadline of a request: when it passes, dropping the run withdraws the job from
-            // whatever queue holds it.
-            let run = self.backend.run(job);
-            let output = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
-                Ok(Ok(output)) => output,
-                Ok(Err(e)) => {
-                    if let BackendError::Failed(reason) = &e {
-                        tracing::error!(request_id, %reason, "inference failed");
-                    }
-                    return Err(e.into());
-                }
-                Err(_) => return Err(BackendError::DeadlineExpired.into()),
-            };
+            let output = self.run_by_deadline(job, request_id, deadline).await?;
             outcome.pool = Some(output.answer.pool.clone());
             outcome.timings.queue = Some(output.answer.queue_wait);
             outcome.timings.device = Some(output.answer.device_time);
