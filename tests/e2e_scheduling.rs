@@ -535,9 +535,15 @@ fn load(server: &Server, stop: Arc<AtomicBool>) -> (tokio::task::JoinHandle<()>,
             clients.spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     match post_json(addr, "/v1/systemone", body.as_bytes()).await {
-                        Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
-                        _ => failed.fetch_add(1, Ordering::Relaxed),
-                    };
+                        Ok(r) if r.status == 200 => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => {
+                            // What failed goes to stderr: a count alone cannot say why.
+                            eprintln!("load: request failed: {other:?}");
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             });
         }
