@@ -1,8 +1,8 @@
 //! Fuzzes a request body through the host's whole preparation, as `decisions.rs` runs it:
 //! `laya::request::parse_body` → `laya::decision::prepare` (routing, validation, tokenization,
-//! rows) on the three fixture checkpoints. The first byte picks the upstream release and
-//! `auto_task`; the rest is the (decoded) JSON body. Errors must be HTTP answers (4xx, or 503 for
-//! a checkpoint not served); prepared rows must be ones a worker accepts.
+//! rows) on the three fixture checkpoints. The first byte picks the upstream release, `auto_task`,
+//! the output profile and tournament mode; the rest is the (decoded) JSON body. Errors must be HTTP
+//! answers (4xx, or 503 for a checkpoint not served); prepared rows must be ones a worker accepts.
 #![no_main]
 
 use std::collections::HashMap;
@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 
 use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::{DecisionOptions, prepare};
+use laya::output::OutputProfile;
 use laya::request::{RequestLimits, parse_body};
 use laya::routing::CheckpointName;
 use laya::upstream::Upstream;
@@ -44,6 +45,8 @@ fuzz_target!(|data: &[u8]| {
         },
         auto_task: selector & 2 != 0,
         limits: RequestLimits::default(),
+        output: OutputProfile::ALL[usize::from(selector >> 2) % OutputProfile::ALL.len()],
+        tournament_group: if selector & 0x80 != 0 { 16 } else { 0 },
         default_checkpoint: None,
     };
     let checkpoints = checkpoints();
