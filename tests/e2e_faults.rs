@@ -1,6 +1,7 @@
 //! Process faults for real: workers are SIGKILLed every few seconds while 32 clients keep sending
 //! requests, and no request is lost — every one is answered 200 with upstream's answer. A worker that
 //! exits saying it cannot run here (device unavailable, configuration refused) is not restarted.
+//! A pool whose workers all die at once answers what it lost with a retryable 503, never a 500.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -155,6 +156,78 @@ async fn killing_workers_under_load_loses_no_request() {
         "{}",
         server.log()
     );
+}
+
+/// Every worker of the pool SIGKILLed at once, under load: a job whose retry lands on the other
+/// dying worker has nothing left to run it. That is the server's loss, not the request's fault: it
+/// answers 503 with `Retry-After` (a client or balancer asks again; decisions are pure), never a
+/// 500, and the pool serves again once its workers are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_whose_workers_all_die_at_once_answers_retryable_503s_not_500s() {
+    let mut server = Server::start(CONFIG, &[]);
+    server.wait_ready(Duration::from_secs(120)).await;
+    let workload = Arc::new(workload());
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = server.addr;
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (workload, stop) = (Arc::clone(&workload), Arc::clone(&stop));
+        clients.push(tokio::spawn(async move {
+            let (mut answered, mut refusals) = (0usize, Vec::new());
+            let mut i = client;
+            while !stop.load(Ordering::Relaxed) {
+                let (body, _) = &workload[i % workload.len()];
+                i += 1;
+                match post_json(addr, "/v1/systemone", body.as_bytes()).await {
+                    Ok(r) if r.status == 200 => answered += 1,
+                    Ok(r) => refusals.push((r.status, r.header("retry-after").is_some(), r.text())),
+                    Err(e) => refusals.push((0, false, format!("transport error: {e}"))),
+                }
+            }
+            (answered, refusals)
+        }));
+    }
+    let mut kills = 0;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pids = worker_pids(&server).await;
+        for pid in &pids {
+            // Both at once: whichever job is retried finds the other worker dying too.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        kills += pids.len();
+        server.wait_ready(Duration::from_secs(60)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut answered, mut refusals) = (0, Vec::new());
+    for client in clients {
+        let (a, r) = client.await.expect("client task");
+        answered += a;
+        refusals.extend(r);
+    }
+    println!(
+        "{answered} answered, {} refused while {kills} workers were killed",
+        refusals.len()
+    );
+    assert!(kills >= 4, "only {kills} workers were killed");
+    let wrong: Vec<_> = refusals
+        .iter()
+        .filter(|(status, retry_after, _)| *status != 503 || !retry_after)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "not a retryable 503: {:?}\n{}",
+        &wrong[..wrong.len().min(5)],
+        server.log()
+    );
+    assert!(answered > CLIENTS, "only {answered} requests were answered");
+    // Serving again after the last restart.
+    let (body, _) = &workload[0];
+    let after = post_json(addr, "/v1/systemone", body.as_bytes())
+        .await
+        .expect("request");
+    assert_eq!(after.status, 200, "{}", after.text());
 }
 
 /// Starts layad with one pool whose worker binary is a script that logs an error line as the real

@@ -143,4 +143,10 @@ pub enum BackendError {
     /// The worker failed on this job (500 `inference failed`); the text is logged, never sent.
     #[error("inference failed: {0}")]
     Failed(String),
+    /// The job lost what was running it before an answer — its worker died on both attempts, or
+    /// its pool or the server shut down — through no fault of its own: 503 with `Retry-After`,
+    /// so a client or balancer asks again (decisions are pure: a repeat is safe). The text is
+    /// logged, never sent.
+    #[error("request lost before an answer: {0}")]
+    Lost(String),
 }

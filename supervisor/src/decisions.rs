@@ -305,7 +305,7 @@ impl Decisions {
         let outputs = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), all).await {
             Ok(Ok(outputs)) => outputs,
             Ok(Err(e)) => {
-                if let BackendError::Failed(reason) = &e {
+                if let BackendError::Failed(reason) | BackendError::Lost(reason) = &e {
                     tracing::error!(request_id, %reason, "batch inference failed");
                 }
                 return Err(e.into());
@@ -481,7 +481,7 @@ impl Decisions {
         match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), run).await {
             Ok(Ok(output)) => Ok(output),
             Ok(Err(e)) => {
-                if let BackendError::Failed(reason) = &e {
+                if let BackendError::Failed(reason) | BackendError::Lost(reason) = &e {
                     tracing::error!(request_id, %reason, "inference failed");
                 }
                 Err(e.into())

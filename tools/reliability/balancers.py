@@ -13,8 +13,10 @@ request to stdout as the shipped file says.
 
 Load through the balancer for the whole run: CLIENTS threads, each a keep-alive HTTP/1.1 connection
 (as the SDKs hold one) sending golden request bodies one after another, and, when the binary exists,
-`layad-load run` (a new connection per request, open loop at LOAD_RATE). Both are bounded: by
---seconds, and every request by a 60 s client timeout.
+`layad-load run` (a new connection per request, open loop at LOAD_RATE), and, when --sdk-python can
+import `typesafe-sdk`, SDK_CLIENTS threads of the TypeSafe SDK (tools/reliability/sdk_load.py: each
+its own `TypeSafeClient`, the SDK's retries off, so a failure is one the balancer let through). All
+are bounded: by --seconds, and every request by a 60 s client timeout (the SDK's: its default).
 
 One fault per run, on host 2, FAULT_AT seconds in:
   kill-supervisor  SIGKILL its layad (the workers exit with it); started again OUTAGE s later
@@ -382,6 +384,14 @@ class Load:
             t.join(timeout=CLIENT_TIMEOUT + 5)
 
 
+def sdk_importable(python: str) -> bool:
+    """Whether `python` can run tools/reliability/sdk_load.py (typesafe-sdk installed)."""
+    try:
+        return subprocess.run([python, "-c", "import typesafe_sdk"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -420,6 +430,7 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
     balancer = Balancer(kind, work, hosts)
     load = Load("", args.clients, bodies, args.seed)
     layad_load: subprocess.Popen | None = None
+    sdk_load: subprocess.Popen | None = None
     events: dict[str, float] = {}
     result: dict = {"balancer": kind, "fault": fault}
     try:
@@ -443,6 +454,13 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
                  "--seconds", str(args.seconds - 5), "--variants", "2", "--request-timeout-s", str(int(CLIENT_TIMEOUT)),
                  "--reference", str(work / "reference.json"), "--out", str(work / "layad-load.json")],
                 stdout=open(work / "layad-load.out", "w"), stderr=subprocess.STDOUT,
+            )
+        if args.sdk_clients > 0 and sdk_importable(args.sdk_python):
+            sdk_load = subprocess.Popen(
+                [args.sdk_python, str(REPO / "tools" / "reliability" / "sdk_load.py"), "--url", balancer.url,
+                 "--seconds", str(args.seconds - 5), "--clients", str(args.sdk_clients),
+                 "--out", str(work / "sdk-load.json")],
+                stdout=open(work / "sdk-load.out", "w"), stderr=subprocess.STDOUT,
             )
         time.sleep(args.fault_at)
         target = hosts[1]
@@ -528,11 +546,12 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
             time.sleep(remaining)
     finally:
         load.stop()
-        if layad_load is not None:
-            try:
-                layad_load.wait(timeout=CLIENT_TIMEOUT + 30)
-            except subprocess.TimeoutExpired:
-                layad_load.kill()
+        for process in (layad_load, sdk_load):
+            if process is not None:
+                try:
+                    process.wait(timeout=CLIENT_TIMEOUT + 30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
         balancer.stop()
         for h in hosts:
             h.destroy()
@@ -558,6 +577,24 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
             "failed": sum(1 for r in recs if r.get("status") != 200),
             "failed_detail": [{"status": r.get("status"), "error": r.get("error")} for r in recs if r.get("status") != 200][:10],
         }
+    # The SDK's calls (its own pooled connection per client, no SDK retries).
+    sdk = work / "sdk-load.json"
+    if sdk.exists():
+        data = json.loads(sdk.read_text())
+        recs = data["records"]
+        failures = [r for r in recs if not r["ok"]]
+        result["sdk_load"] = {
+            "sdk": data["sdk"],
+            "sent": len(recs),
+            "failed": len(failures),
+            "failed_detail": [
+                {"at_s": round(r["start"] - events.get("fault", r["start"]), 2),
+                 **{k: r.get(k) for k in ("error", "status", "message")}}
+                for r in failures
+            ][:10],
+        }
+    elif sdk_load is not None:
+        result["sdk_load"] = {"sent": 0, "failed": 1, "failed_detail": [{"error": "sdk_load.py wrote no results"}]}
     # What the balancer did with host 2.
     target_names = {"haproxy": "layad2", "nginx": "10.224.2.2"}
     dispatches = balancer.dispatches()
@@ -586,13 +623,13 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
 
 def print_table(directory: Path) -> None:
     """deploy/README.md's table, from the JSON results of a run."""
-    print("| balancer | fault | requests (keep-alive + layad-load) | failed | latency in the fault window p50 / p99 / max | host 2 after the fault: requests that reached it (retried), last one | check marked it down | traffic again after it was ready |")
+    print("| balancer | fault | requests (keep-alive + layad-load + SDK) | failed | latency in the fault window p50 / p99 / max | host 2 after the fault: requests that reached it (retried), last one | check marked it down | traffic again after it was ready |")
     print("|---|---|---|---|---|---|---|---|")
     order = {f: i for i, f in enumerate(FAULTS)}
     results = [json.loads(p.read_text()) for p in directory.glob("*.json")]
     for r in sorted(results, key=lambda r: (BALANCERS.index(r["balancer"]), order[r["fault"]])):
-        ll = r.get("layad_load", {})
-        failed = r["failed"] + ll.get("failed", 0)
+        ll, sdk = r.get("layad_load", {}), r.get("sdk_load", {})
+        failed = r["failed"] + ll.get("failed", 0) + sdk.get("failed", 0)
         detail = {**r["failed_by_status"], **r["failed_by_transport_error"]}
         lat = r.get("during_fault", {}).get("latency_ms", {})
         fmt = lambda v: "-" if v is None else f"{v:.0f}"
@@ -602,7 +639,7 @@ def print_table(directory: Path) -> None:
         down = r.get("host2_check_down_after_fault_s")
         resumed = r.get("host2_resumed_after_ready_s")
         print(
-            f"| {r['balancer']} | {r['fault']} | {r['sent']} + {ll.get('sent', 0)} | {failed}"
+            f"| {r['balancer']} | {r['fault']} | {r['sent']} + {ll.get('sent', 0)} + {sdk.get('sent', '-')} | {failed}"
             f"{' ' + json.dumps(detail) if detail else ''} | {fmt(lat.get('p50'))} / {fmt(lat.get('p99'))} / {fmt(lat.get('max'))} ms | "
             f"{host2} | {'-' if down is None else f'+{down} s'} | {'-' if resumed is None else f'{resumed} s'} |"
         )
@@ -616,6 +653,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "target" / "reliability" / "balancers"))
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--load-rate", type=float, default=2.0, help="layad-load's arrivals per second (0: none)")
+    parser.add_argument("--sdk-python", default="/work/venvs/typesafe/bin/python3",
+                        help="a Python with typesafe-sdk (tools/sdk/README.md); the SDK load is left out without it")
+    parser.add_argument("--sdk-clients", type=int, default=2, help="TypeSafe SDK clients (0: none)")
     parser.add_argument("--seconds", type=float, default=60.0, help="load per run (longer when the fault takes longer)")
     parser.add_argument("--fault-at", type=float, default=10.0)
     parser.add_argument("--outage", type=float, default=15.0)
@@ -660,18 +700,22 @@ def main() -> int:
             result["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             results.append(result)
             (out / f"{kind}-{fault}.json").write_text(json.dumps(result, indent=2))
-            ll = result.get("layad_load", {})
+            ll, sdk = result.get("layad_load", {}), result.get("sdk_load", {})
             print(
-                f"| {kind} | {fault} | {result['sent']} + {ll.get('sent', 0)} | "
-                f"{result['failed']} + {ll.get('failed', 0)} {result['failed_by_status'] or ''}{result['failed_by_transport_error'] or ''} | "
+                f"| {kind} | {fault} | {result['sent']} + {ll.get('sent', 0)} + {sdk.get('sent', '-')} | "
+                f"{result['failed']} + {ll.get('failed', 0)} + {sdk.get('failed', '-')} "
+                f"{result['failed_by_status'] or ''}{result['failed_by_transport_error'] or ''} | "
                 f"{result.get('during_fault', {}).get('latency_ms', {})} | "
                 f"{result.get('sent_to_host2_during_fault', '-')} / {result.get('host2_last_sent_after_fault_s', '-')} s | "
                 f"{result.get('host2_resumed_after_ready_s', '-')} s |",
                 flush=True,
             )
-            if result["failed"] == 0 and not ll.get("failed"):
+            if result["failed"] == 0 and not ll.get("failed") and not sdk.get("failed"):
                 shutil.rmtree(result["work"], ignore_errors=True)
-    failed = sum(r["failed"] + r.get("layad_load", {}).get("failed", 0) for r in results)
+    failed = sum(
+        r["failed"] + r.get("layad_load", {}).get("failed", 0) + r.get("sdk_load", {}).get("failed", 0)
+        for r in results
+    )
     return 1 if failed else 0
 
 

@@ -126,6 +126,10 @@ impl From<BackendError> for ApiError {
             // 413 for too many questions.
             BackendError::NoCapablePool(why) => Self::new(StatusCode::PAYLOAD_TOO_LARGE, why),
             BackendError::Failed(_) => Self::inference_failed(),
+            BackendError::Lost(_) => Self::unavailable(
+                "the worker running this request stopped before answering; try again",
+                Duration::from_secs(1),
+            ),
         }
     }
 }
@@ -191,6 +195,15 @@ mod tests {
             (StatusCode::INTERNAL_SERVER_ERROR, "inference failed")
         );
         assert!(failed.into_response().headers().get(header::RETRY_AFTER).is_none());
+
+        let lost = ApiError::from(BackendError::Lost("worker process exited".into()));
+        assert_eq!(lost.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(lost.detail.contains("stopped before answering"), "{}", lost.detail);
+        assert!(
+            !lost.detail.contains("exited"),
+            "the internal reason is logged, not sent"
+        );
+        assert_eq!(lost.into_response().headers()[header::RETRY_AFTER], "1");
     }
 
     #[test]

@@ -144,7 +144,9 @@ async fn run_batch(
             }
             for q in give_up {
                 tracing::error!(worker = name, request_id = %q.job.request_id, %error, "job lost its worker twice");
-                let _ = q.reply.send(Err(BackendError::Failed(error.to_string())));
+                let _ = q
+                    .reply
+                    .send(Err(BackendError::Lost(format!("its worker died twice: {error}"))));
             }
             pool.lock().requeue(retry);
             pool.notify.notify_waiters();

@@ -348,7 +348,7 @@ impl Workers {
         let slots: Vec<Slot> = self.inner.lock().iter_mut().flat_map(|r| r.slots.drain(..)).collect();
         stop_slots(slots).await;
         for pool in self.inner.scheduler.pools() {
-            pool.fail_queued(|| BackendError::Failed("layad is shutting down".to_owned()));
+            pool.fail_queued(|| BackendError::Lost("layad is shutting down".to_owned()));
         }
     }
 }

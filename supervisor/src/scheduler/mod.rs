@@ -318,7 +318,7 @@ impl Scheduler {
                 JobOutput { answer, route, reason }
             }),
             // The pool dropped the job without answering: it is shutting down.
-            Err(_) => Err(BackendError::Failed("the pool shut down before answering".to_owned())),
+            Err(_) => Err(BackendError::Lost("the pool shut down before answering".to_owned())),
         }
     }
 }
