@@ -13,7 +13,7 @@ use std::str::FromStr;
 use serde_json::{Map, Value};
 
 use crate::answer::jev_confidence;
-use crate::python_text::{float_value, round4};
+use crate::python_text::{Separators, float_value, py_json, round4};
 
 /// The output profile of a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -147,16 +147,26 @@ pub fn project_jev_strict(result: &Map<String, Value>) -> Map<String, Value> {
 /// The `jev` profile's answer: the strict projection, with each choice's and score's `confidence`
 /// replaced by Jev's (`answer::jev_confidence` of the answer's probabilities, 4 decimals: the
 /// value 0.4.15 sends as `x_jev_confidence`; for a tournament, over the merged probabilities).
-/// Laya's own confidence is a normalised entropy, which a Jev client would misread.
+/// Laya's own confidence is a normalised entropy, which a Jev client would misread. A choice whose
+/// label is not a string (Laya's list-form criteria `[1, 2]`) answers with its `probabilities` key
+/// (`"1"`): Jev's option names are strings, and the Jev SDKs refuse a numeric `choice`.
 pub fn project_jev(result: &Map<String, Value>) -> Map<String, Value> {
     let mut out = project_jev_strict(result);
     if let Some(Value::Object(answers)) = out.get_mut("answers") {
         for answer in answers.values_mut() {
-            if let Value::Object(fields) = answer
-                && fields.contains_key("confidence")
+            let Value::Object(fields) = answer else {
+                continue;
+            };
+            if fields.contains_key("confidence")
                 && let Some(confidence) = jev_confidence(fields)
             {
                 fields.insert("confidence".to_owned(), float_value(round4(confidence)));
+            }
+            if fields.get("type").and_then(Value::as_str) == Some("choice")
+                && let Some(label) = fields.get("choice").filter(|c| !c.is_string() && !c.is_null())
+            {
+                let key = py_json(label, Separators::Compact);
+                fields.insert("choice".to_owned(), Value::String(key));
             }
         }
     }
@@ -268,5 +278,26 @@ mod tests {
         assert_eq!(OutputProfile::Jev.tournament_group(8), 8);
         assert_eq!(OutputProfile::JevStrict.tournament_group(0), 0);
         assert_eq!(OutputProfile::Laya.tournament_group(12), 12);
+    }
+
+    #[test]
+    fn a_jev_choice_is_always_a_string_its_probabilities_key() {
+        let numeric = json!({"model": "m", "answers": {
+            "n": {"type": "choice", "choice": 1, "probabilities": {"1": 0.6, "2": 0.4}, "confidence": 0.03},
+            "b": {"type": "choice", "choice": true, "probabilities": {"true": 0.9, "false": 0.1}, "confidence": 0.5},
+            "s": {"type": "choice", "choice": "x", "probabilities": {"x": 0.5, "y": 0.5}, "confidence": 0.0},
+        }, "usage": {}});
+        let Value::Object(map) = numeric else {
+            panic!("not an object")
+        };
+        let out = OutputProfile::Jev.project(map.clone());
+        assert_eq!(out["answers"]["n"]["choice"], json!("1"));
+        assert_eq!(out["answers"]["b"]["choice"], json!("true"));
+        assert_eq!(out["answers"]["s"]["choice"], json!("x"));
+        // The strict projection keeps upstream's value.
+        assert_eq!(
+            OutputProfile::JevStrict.project(map)["answers"]["n"]["choice"],
+            json!(1)
+        );
     }
 }
