@@ -238,6 +238,61 @@ mod tests {
         assert!(refused.into_response().headers().get(header::RETRY_AFTER).is_none());
     }
 
+    fn body_of(response: Response) -> (u16, Option<String>, serde_json::Value) {
+        let status = response.status().as_u16();
+        let retry = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = body_bytes(response);
+        (status, retry, serde_json::from_slice(&bytes).expect("json body"))
+    }
+
+    fn body_bytes(response: Response) -> Vec<u8> {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        runtime
+            .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+            .expect("body")
+            .to_vec()
+    }
+
+    #[test]
+    fn only_the_jev_profile_rewrites_errors_and_keeps_their_headers() {
+        let busy = || ApiError::unavailable("server busy, try again later", Duration::from_secs(2)).into_response();
+        assert_eq!(
+            body_of(in_profile(busy(), OutputProfile::JevStrict)),
+            (
+                503,
+                Some("2".to_owned()),
+                serde_json::json!({"detail": "server busy, try again later"})
+            )
+        );
+        assert_eq!(
+            body_of(in_profile(busy(), OutputProfile::Jev)),
+            (
+                503,
+                Some("2".to_owned()),
+                serde_json::json!({"detail": {"error_type": "overloaded_error", "message": "server busy, try again later"}})
+            )
+        );
+        let invalid = ApiError::from(RequestError::new(400, "'state' is required").at(&["state"], "missing"));
+        assert_eq!(
+            body_of(in_profile(invalid.into_response(), OutputProfile::Jev)),
+            (
+                422,
+                None,
+                serde_json::json!({"detail": [{"loc": ["body", "state"], "msg": "'state' is required", "type": "missing"}]})
+            )
+        );
+        // An answer that is not an error passes untouched.
+        let ok = json_response(StatusCode::OK, &serde_json::json!({"answers": {}}));
+        assert_eq!(
+            body_of(in_profile(ok, OutputProfile::Jev)),
+            (200, None, serde_json::json!({"answers": {}}))
+        );
+    }
+
     #[test]
     fn request_errors_keep_upstream_status_and_detail() {
         let e = ApiError::from(RequestError::new(413, "too many questions (65 > 64)"));
