@@ -388,10 +388,13 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             format!("{group}: 0 (off) or a group size from 2 to 100, as upstream's LAYA_TOURNAMENT_GROUP"),
         );
     }
-    if config.compat.output == laya::output::OutputProfile::JevStrict && !config.compat.upstream.is_0_4() {
+    let output = config.compat.output;
+    if output != laya::output::OutputProfile::Laya && !config.compat.upstream.is_0_4() {
         report(
             &["compat", "output"],
-            "\"jev-strict\" is upstream 0.4.15's LAYA_JEV_STRICT projection; 0.3.20 has none (use compat.upstream = \"0.4.15\")".into(),
+            format!(
+                "\"{output}\" builds on upstream 0.4.15's LAYA_JEV_STRICT projection; 0.3.20 has none (use compat.upstream = \"0.4.15\")"
+            ),
         );
     }
 

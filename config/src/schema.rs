@@ -149,8 +149,8 @@ pub struct CompatConfig {
     /// Largest `max_len`/`head_max_len` a 0.4.x request may ask for (upstream's
     /// `LAYA_MAX_TOKEN_BUDGET`); at most the 8192 positions a worker prepares.
     pub max_token_budget: usize,
-    /// The shape answers leave in: `"laya"` (upstream's keys) or `"jev-strict"` (0.4.15's
-    /// `LAYA_JEV_STRICT` projection).
+    /// The contract answers follow: `"laya"` (upstream's keys), `"jev-strict"` (0.4.15's
+    /// `LAYA_JEV_STRICT` projection) or `"jev"` (the Jev wire contract; `laya::jev`).
     #[serde(default, with = "output_profile")]
     pub output: OutputProfile,
     /// Upstream 0.4.15's `LAYA_TOURNAMENT_GROUP` (0 = off, else 2–100): a choice with more options
@@ -659,7 +659,7 @@ mod upstream_version {
     }
 }
 
-/// `compat.output`: `"laya"` or `"jev-strict"`.
+/// `compat.output`: `"laya"`, `"jev-strict"` or `"jev"`.
 mod output_profile {
     use laya::output::OutputProfile;
     use serde::{Deserialize, Deserializer, Serializer};

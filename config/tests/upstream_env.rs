@@ -328,7 +328,18 @@ fn jev_strict_follows_the_switch_spellings_and_only_under_0_4_15() {
     let problem = only_problem(load(Some(&both), &[], None));
     assert_eq!(problem.key, "compat.output");
 
-    let unknown = ConfigFile::new("[compat]\noutput = \"jev\"\n");
+    // `jev` builds on the strict projection: 0.4.15 only. LAYA_JEV_STRICT, like every LAYA_*
+    // variable, wins over the file, so a unit that sets it serves upstream's projection.
+    let jev = ConfigFile::new("[compat]\noutput = \"jev\"\n");
+    assert_eq!(loaded(Some(&jev), &[]).0.compat.output, OutputProfile::Jev);
+    assert_eq!(
+        loaded(Some(&jev), &[("LAYA_JEV_STRICT", "1")]).0.compat.output,
+        OutputProfile::JevStrict
+    );
+    let old_jev = ConfigFile::new("[compat]\nupstream = \"0.3.20\"\noutput = \"jev\"\n");
+    let problem = only_problem(load(Some(&old_jev), &[], None));
+    assert_eq!(problem.key, "compat.output");
+    let unknown = ConfigFile::new("[compat]\noutput = \"jev-lax\"\n");
     assert_eq!(only_problem(load(Some(&unknown), &[], None)).key, "compat.output");
 }
 

@@ -10,10 +10,12 @@
 
 use serde_json::{Map, Value};
 
+use crate::output::OutputProfile;
 use crate::python_text::{Separators, number_is_int, py_json, py_len, py_repr};
 use crate::request::{
     BODY_REFUSALS, Controls, DecisionRequest, MAX_QUESTIONS, MAX_STATE_CHARS, RequestError, RequestLimits,
-    check_option_counts, decode_like_python, mask_lone_surrogates, read_controls, state_chars_0_4,
+    check_option_counts, decode_like_python, hooks_refused, lone_surrogate_refused, mask_lone_surrogates, no_questions,
+    read_controls, state_chars_0_4,
 };
 use crate::routing::{CheckpointName, resolve_model_field};
 use crate::upstream::Upstream;
@@ -54,10 +56,10 @@ impl BatchRequest {
 /// `_check_request_limits` for one state of the batch against the shared questions.
 fn check_state(state: &Value, questions: &Value, limits: RequestLimits) -> Result<(), RequestError> {
     if state.is_null() {
-        return Err(RequestError::new(400, "'state' is required"));
+        return Err(RequestError::new(400, "'state' is required").at(&["states"], "missing"));
     }
     let Value::Object(questions) = questions else {
-        return Err(RequestError::new(400, "'questions' must be an object"));
+        return Err(RequestError::new(400, "'questions' must be an object").at(&["questions"], "dict_type"));
     };
     if questions.len() > MAX_QUESTIONS {
         return Err(RequestError::new(
@@ -83,7 +85,18 @@ fn check_state(state: &Value, questions: &Value, limits: RequestLimits) -> Resul
 /// `_systemone_batch_inner` up to the inference call). Routing (an unknown `task`) and question
 /// validation come after, per state, as for a single request.
 pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequest, RequestError> {
-    let invalid_json = || RequestError::new(400, "request body must be valid JSON");
+    parse_batch_body_in(bytes, OutputProfile::Laya, limits)
+}
+
+/// [`parse_batch_body`] for a server in the `output` profile: under `jev`, `model` is read as the
+/// Jev API reads it and an empty `questions` is refused, as for a single request
+/// (`crate::request::parse_body_in`).
+pub fn parse_batch_body_in(
+    bytes: &[u8],
+    output: OutputProfile,
+    limits: RequestLimits,
+) -> Result<BatchRequest, RequestError> {
+    let invalid_json = || RequestError::new(400, "request body must be valid JSON").at(&[], "json_invalid");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
     let (text, lone_surrogate) = mask_lone_surrogates(&text);
     let body: Value = serde_json::from_str(&text).map_err(|_| invalid_json())?;
@@ -94,16 +107,19 @@ pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequ
         )
     };
     let Value::Object(mut body) = body else {
-        return Err(shape());
+        return Err(shape().at(&[], "dict_type"));
     };
-    if !body.contains_key("questions") || !body.contains_key("states") {
-        return Err(shape());
+    if !body.contains_key("questions") {
+        return Err(shape().at(&["questions"], "missing"));
+    }
+    if !body.contains_key("states") {
+        return Err(shape().at(&["states"], "missing"));
     }
     let states = body.remove("states").unwrap_or(Value::Null);
     let questions = body.remove("questions").unwrap_or(Value::Null);
     let states = match states {
         Value::Array(states) if !states.is_empty() => states,
-        _ => return Err(RequestError::new(400, "'states' must be a non-empty list")),
+        _ => return Err(RequestError::new(400, "'states' must be a non-empty list").at(&["states"], "list_type")),
     };
     if states.len() > MAX_BATCH_STATES {
         return Err(RequestError::new(
@@ -116,34 +132,32 @@ pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequ
     }
     let Value::Object(questions) = questions else {
         // check_state refused it already; kept for the type.
-        return Err(RequestError::new(400, "'questions' must be an object"));
+        return Err(RequestError::new(400, "'questions' must be an object").at(&["questions"], "dict_type"));
     };
+    if output.is_jev() && questions.is_empty() {
+        return Err(no_questions());
+    }
     let given = |key: &str| body.get(key).is_some_and(|v| !v.is_null());
     let refused: Vec<&str> = BODY_REFUSALS.into_iter().filter(|key| given(key)).collect();
     if !refused.is_empty() {
-        return Err(RequestError::new(
-            422,
-            format!(
-                "{} run inside the server process and cannot be sent to this endpoint; \
-                 install them where laya-serve runs, or drop them",
-                refused.join(", ")
-            ),
-        ));
+        return Err(hooks_refused(&refused));
     }
     if given("diagnostics") {
         return Err(RequestError::new(
             422,
             "diagnostics is filled in place for an in-process caller and cannot be returned over HTTP; \
              read the per-group report from the CLI or a local Router",
-        ));
+        )
+        .at(&["diagnostics"], "extra_forbidden"));
     }
     if lone_surrogate {
-        return Err(RequestError::new(
-            400,
-            "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
-        ));
+        return Err(lone_surrogate_refused());
     }
-    let model = resolve_model_field(body.get("model"), Upstream::V0_4_15).map_err(RequestError::from_route)?;
+    let model = if output.is_jev() {
+        crate::jev::resolve_model(body.get("model"))?
+    } else {
+        resolve_model_field(body.get("model"), Upstream::V0_4_15).map_err(RequestError::from_route)?
+    };
     let controls = read_controls(&body, limits)?;
     let batch_size = match body.get("batch_size").filter(|v| !v.is_null()) {
         None => None,
@@ -153,23 +167,27 @@ pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequ
                 return Err(RequestError::new(
                     422,
                     format!("batch_size must be a positive integer, got {}", py_repr(value)),
-                ));
+                )
+                .at(&["batch_size"], "greater_than_equal"));
             }
             // More digits than an i128 holds: positive is huge, negative is refused.
             Err(_) if n.to_string().starts_with('-') => {
                 return Err(RequestError::new(
                     422,
                     format!("batch_size must be a positive integer, got {}", py_repr(value)),
-                ));
+                )
+                .at(&["batch_size"], "greater_than_equal"));
             }
             Err(_) => Some(u64::MAX),
         },
-        Some(_) => return Err(RequestError::new(422, "batch_size must be an integer")),
+        Some(_) => return Err(RequestError::new(422, "batch_size must be an integer").at(&["batch_size"], "int_type")),
     };
     let sort_by_length = match body.get("sort_by_length").filter(|v| !v.is_null()) {
         None => None,
         Some(Value::Bool(b)) => Some(*b),
-        Some(_) => return Err(RequestError::new(422, "sort_by_length must be a boolean")),
+        Some(_) => {
+            return Err(RequestError::new(422, "sort_by_length must be a boolean").at(&["sort_by_length"], "bool_type"));
+        }
     };
     Ok(BatchRequest {
         states,
@@ -360,6 +378,38 @@ mod tests {
                 r#"{"model":"m","answers":{},"usage":{"input_tokens":7,"output_tokens":0}}],"#,
                 r#""total_usage":{"input_tokens":12,"output_tokens":0}}"#
             )
+        );
+    }
+
+    #[test]
+    fn jev_batches_read_model_as_jev_and_refuse_empty_questions() {
+        let jev = |body: &str| parse_batch_body_in(body.as_bytes(), OutputProfile::Jev, RequestLimits::default());
+        let q = r#"{"q": {"type": "noul", "instructions": "x"}}"#;
+        let batch = jev(&format!(
+            r#"{{"states": ["a"], "model": "~typesafe/jev-latest", "questions": {q}}}"#
+        ))
+        .expect("a Jev id");
+        assert_eq!(batch.model, None);
+        assert!(
+            parse_batch_body(
+                format!(r#"{{"states": ["a"], "model": "~typesafe/jev-latest", "questions": {q}}}"#).as_bytes(),
+                RequestLimits::default()
+            )
+            .is_err(),
+            "0.4.15 refuses it as a path"
+        );
+        let unknown = jev(&format!(r#"{{"states": ["a"], "model": "nope", "questions": {q}}}"#)).expect_err("unknown");
+        assert_eq!(unknown.status, 400);
+        let empty = r#"{"states": ["a"], "questions": {}}"#;
+        assert!(parse_batch_body(empty.as_bytes(), RequestLimits::default()).is_ok());
+        assert_eq!(jev(empty).expect_err("empty").status, 422);
+        let missing = jev(r#"{"questions": {}}"#).expect_err("no states");
+        assert_eq!(
+            missing.problem,
+            crate::request::Problem::Invalid {
+                loc: vec![Value::from("states")],
+                kind: "missing"
+            }
         );
     }
 }

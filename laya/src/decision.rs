@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 use crate::answer::{answer, jev_confidence};
 use crate::checkpoint::Checkpoint;
 use crate::config::temperature_bucket;
-use crate::output::{OutputProfile, project_jev_strict};
+use crate::output::OutputProfile;
 use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tokens};
 use crate::python_text::{float_value, round4};
-use crate::question::{Question, QuestionType, parse_questions};
+use crate::question::{Question, QuestionType, parse_questions_in};
 use crate::request::{DecisionRequest, MinConfidence, RequestError, RequestLimits};
 use crate::routing::{CheckpointName, RouteOptions, RouteRequest, RoutingDecision, route};
 use crate::upstream::Upstream;
@@ -130,7 +130,8 @@ pub fn prepare_routed<'a>(
     if request.questions.is_empty() {
         return Ok(prepared);
     }
-    prepared.questions = parse_questions(&request.questions, upstream).map_err(|e| RequestError::new(422, e.0))?;
+    prepared.questions = parse_questions_in(&request.questions, upstream, options.output)
+        .map_err(|e| RequestError::new(422, e.0).at(&["questions"], "value_error"))?;
     let limits = RowLimits {
         max_len: request.controls.max_len.unwrap_or(checkpoint.agent.max_len),
         head_max_len: request.controls.head_max_len.unwrap_or(checkpoint.agent.head_max_len),
@@ -155,7 +156,7 @@ pub fn prepare_routed<'a>(
 }
 
 /// The response object for a prepared request and the model's outputs (one per row, same order),
-/// with upstream's keys in upstream's order; under `jev-strict`, upstream's strict projection of it.
+/// with upstream's keys in upstream's order; under `jev-strict` and `jev`, their projection of it.
 pub fn respond(
     prepared: &PreparedDecision,
     checkpoint: &Checkpoint,
@@ -167,12 +168,9 @@ pub fn respond(
     ))
 }
 
-/// The answer body in the given profile: the `laya` body as is, or its strict projection.
+/// The answer body in the given profile: the `laya` body as is, or its projection.
 pub fn project(output: OutputProfile, body: Map<String, Value>) -> Value {
-    Value::Object(match output {
-        OutputProfile::Laya => body,
-        OutputProfile::JevStrict => project_jev_strict(&body),
-    })
+    Value::Object(output.project(body))
 }
 
 /// The response object before the output profile (the tournament merges its rounds into it).

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod decision;
+pub mod jev;
 pub mod language;
 pub mod output;
 pub mod prompt;

@@ -1,12 +1,19 @@
-//! Which shape an answer leaves the server in (`[compat] output`): upstream's full payload
-//! (`"laya"`, the default) or upstream 0.4.15's strict Jev projection (`"jev-strict"`, what
+//! Which contract a server answers Jev clients with (`[compat] output`): upstream's full payload
+//! (`"laya"`, the default), upstream 0.4.15's strict Jev projection (`"jev-strict"`, what
 //! `LAYA_JEV_STRICT` turns on), applied to each finished answer exactly as upstream's
-//! `_project_jev_strict` does.
+//! `_project_jev_strict` does, or the Jev wire contract itself (`"jev"`): the strict projection
+//! with Jev's `confidence`, plus Jev's model ids, error shapes and limits (`crate::jev`).
+//!
+//! The profile is one value passed down to every rule that differs (request parsing, question
+//! validation, the answer's shape, the error's shape), like `crate::upstream::Upstream`.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde_json::{Map, Value};
+
+use crate::answer::jev_confidence;
+use crate::python_text::{Separators, float_value, py_json, round4};
 
 /// The output profile of a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -17,17 +24,53 @@ pub enum OutputProfile {
     Laya,
     /// Upstream 0.4.15's `LAYA_JEV_STRICT`: only the keys the Jev wire contract defines.
     JevStrict,
+    /// The Jev wire contract: the strict projection with Jev's `confidence` formula, Jev's model
+    /// ids meaning "let the router choose" (other unknown names refused), Jev's error shapes,
+    /// questions without `instructions`, an empty `questions` refused, choices of up to 255
+    /// options. For Jev clients that rely on more than the keys.
+    Jev,
 }
 
 impl OutputProfile {
     /// Every profile.
-    pub const ALL: [OutputProfile; 2] = [OutputProfile::Laya, OutputProfile::JevStrict];
+    pub const ALL: [OutputProfile; 3] = [OutputProfile::Laya, OutputProfile::JevStrict, OutputProfile::Jev];
 
     /// The config spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             OutputProfile::Laya => "laya",
             OutputProfile::JevStrict => "jev-strict",
+            OutputProfile::Jev => "jev",
+        }
+    }
+
+    /// Whether requests and errors follow the Jev contract rather than upstream's.
+    pub fn is_jev(self) -> bool {
+        self == OutputProfile::Jev
+    }
+
+    /// Whether answers carry upstream's keys beyond Jev's (`routing`, `action`, …) and layad's
+    /// `x_layad`; the Jev profiles answer with the contract's keys only.
+    pub fn keeps_extra_keys(self) -> bool {
+        self == OutputProfile::Laya
+    }
+
+    /// The tournament group a server plays with when `[compat] tournament_group` is `configured`
+    /// (0 = off): that group, except that `jev`, whose contract accepts choices of up to 255
+    /// options, plays in groups of `crate::jev::DEFAULT_TOURNAMENT_GROUP` when none is configured.
+    pub fn tournament_group(self, configured: usize) -> usize {
+        match self {
+            OutputProfile::Jev if configured == 0 => crate::jev::DEFAULT_TOURNAMENT_GROUP,
+            _ => configured,
+        }
+    }
+
+    /// A finished answer body (upstream's keys, in upstream's order) in this profile's shape.
+    pub fn project(self, body: Map<String, Value>) -> Map<String, Value> {
+        match self {
+            OutputProfile::Laya => body,
+            OutputProfile::JevStrict => project_jev_strict(&body),
+            OutputProfile::Jev => project_jev(&body),
         }
     }
 }
@@ -41,7 +84,7 @@ impl fmt::Display for OutputProfile {
 /// A spelling that names no profile.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown output profile {0:?}; use \"laya\" (upstream's keys, the default) or \"jev-strict\" (LAYA_JEV_STRICT)"
+    "unknown output profile {0:?}; use \"laya\" (upstream's keys, the default), \"jev-strict\" (LAYA_JEV_STRICT) or \"jev\" (the Jev wire contract)"
 )]
 pub struct UnknownOutputProfile(pub String);
 
@@ -98,6 +141,35 @@ pub fn project_jev_strict(result: &Map<String, Value>) -> Map<String, Value> {
     out.insert("model".to_owned(), result.get("model").cloned().unwrap_or(Value::Null));
     out.insert("answers".to_owned(), Value::Object(answers));
     out.insert("usage".to_owned(), Value::Object(usage));
+    out
+}
+
+/// The `jev` profile's answer: the strict projection, with each choice's and score's `confidence`
+/// replaced by Jev's (`answer::jev_confidence` of the answer's probabilities, 4 decimals: the
+/// value 0.4.15 sends as `x_jev_confidence`; for a tournament, over the merged probabilities).
+/// Laya's own confidence is a normalised entropy, which a Jev client would misread. A choice whose
+/// label is not a string (Laya's list-form criteria `[1, 2]`) answers with its `probabilities` key
+/// (`"1"`): Jev's option names are strings, and the Jev SDKs refuse a numeric `choice`.
+pub fn project_jev(result: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = project_jev_strict(result);
+    if let Some(Value::Object(answers)) = out.get_mut("answers") {
+        for answer in answers.values_mut() {
+            let Value::Object(fields) = answer else {
+                continue;
+            };
+            if fields.contains_key("confidence")
+                && let Some(confidence) = jev_confidence(fields)
+            {
+                fields.insert("confidence".to_owned(), float_value(round4(confidence)));
+            }
+            if fields.get("type").and_then(Value::as_str) == Some("choice")
+                && let Some(label) = fields.get("choice").filter(|c| !c.is_string() && !c.is_null())
+            {
+                let key = py_json(label, Separators::Compact);
+                fields.insert("choice".to_owned(), Value::String(key));
+            }
+        }
+    }
     out
 }
 
@@ -158,7 +230,74 @@ mod tests {
     fn profiles_parse_from_their_spellings_only() {
         assert_eq!("jev-strict".parse(), Ok(OutputProfile::JevStrict));
         assert_eq!("laya".parse(), Ok(OutputProfile::Laya));
-        assert!("jev".parse::<OutputProfile>().is_err());
+        assert_eq!("jev".parse(), Ok(OutputProfile::Jev));
+        assert!("Jev".parse::<OutputProfile>().is_err());
+        assert!("jev-lax".parse::<OutputProfile>().is_err());
         assert_eq!(OutputProfile::default(), OutputProfile::Laya);
+    }
+
+    #[test]
+    fn the_jev_projection_is_the_strict_one_with_jevs_confidence() {
+        let full = json!({
+            "model": "laya-rl-agent",
+            "answers": {
+                "q": {"type": "choice", "choice": "a", "probabilities": {"a": 0.7, "b": 0.2, "c": 0.1},
+                      "confidence": 0.1187, "answer_confidence": 0.7, "x_jev_confidence": 0.55},
+                "s": {"type": "score", "score": 1.0, "probabilities": {"0": 0.25, "1": 0.5, "2": 0.25},
+                      "legend": {"0": "low", "1": "mid", "2": "high"}, "confidence": 0.05},
+                "n": {"type": "noul", "noul": 0.61, "confidence": 0.61},
+            },
+            "usage": {"input_tokens": 90, "output_tokens": 0, "state_tokens": 12},
+            "routing": {"model": "english"},
+        });
+        let Value::Object(map) = full else {
+            panic!("not an object")
+        };
+        let text = py_json(&Value::Object(OutputProfile::Jev.project(map)), Separators::Compact);
+        // choice: (0.7 - 1/3) / (1 - 1/3) = 0.55; score: mode 1, spread 0.5 against the uniform
+        // spread 2/3 → 1 - 0.75 = 0.25.
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"model":"laya-rl-agent","answers":{"#,
+                r#""q":{"type":"choice","choice":"a","confidence":0.55,"probabilities":{"a":0.7,"b":0.2,"c":0.1}},"#,
+                r#""s":{"type":"score","score":1.0,"confidence":0.25,"probabilities":{"0":0.25,"1":0.5,"2":0.25},"legend":{"0":"low","1":"mid","2":"high"}},"#,
+                r#""n":{"type":"noul","noul":0.61}},"#,
+                r#""usage":{"input_tokens":90,"output_tokens":0}}"#
+            )
+        );
+    }
+
+    #[test]
+    fn only_jev_changes_requests_and_plays_wide_choices_without_a_configured_group() {
+        assert!(OutputProfile::Jev.is_jev());
+        assert!(!OutputProfile::JevStrict.is_jev() && !OutputProfile::Laya.is_jev());
+        assert!(OutputProfile::Laya.keeps_extra_keys());
+        assert!(!OutputProfile::JevStrict.keeps_extra_keys() && !OutputProfile::Jev.keeps_extra_keys());
+        assert_eq!(OutputProfile::Jev.tournament_group(0), 16);
+        assert_eq!(OutputProfile::Jev.tournament_group(8), 8);
+        assert_eq!(OutputProfile::JevStrict.tournament_group(0), 0);
+        assert_eq!(OutputProfile::Laya.tournament_group(12), 12);
+    }
+
+    #[test]
+    fn a_jev_choice_is_always_a_string_its_probabilities_key() {
+        let numeric = json!({"model": "m", "answers": {
+            "n": {"type": "choice", "choice": 1, "probabilities": {"1": 0.6, "2": 0.4}, "confidence": 0.03},
+            "b": {"type": "choice", "choice": true, "probabilities": {"true": 0.9, "false": 0.1}, "confidence": 0.5},
+            "s": {"type": "choice", "choice": "x", "probabilities": {"x": 0.5, "y": 0.5}, "confidence": 0.0},
+        }, "usage": {}});
+        let Value::Object(map) = numeric else {
+            panic!("not an object")
+        };
+        let out = OutputProfile::Jev.project(map.clone());
+        assert_eq!(out["answers"]["n"]["choice"], json!("1"));
+        assert_eq!(out["answers"]["b"]["choice"], json!("true"));
+        assert_eq!(out["answers"]["s"]["choice"], json!("x"));
+        // The strict projection keeps upstream's value.
+        assert_eq!(
+            OutputProfile::JevStrict.project(map)["answers"]["n"]["choice"],
+            json!(1)
+        );
     }
 }

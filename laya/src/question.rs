@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::output::OutputProfile;
 use crate::python_text::{
     Separators, number_as_f64, number_is_int, py_json, py_lower, py_repr, py_repr_str, py_strip, py_type_name,
 };
@@ -104,7 +105,7 @@ pub struct Question {
 #[error("{0}")]
 pub struct QuestionError(pub String);
 
-fn check(qid: &str, def: &Value, upstream: Upstream) -> Result<(), QuestionError> {
+fn check(qid: &str, def: &Value, upstream: Upstream, output: OutputProfile) -> Result<(), QuestionError> {
     let q = py_repr_str(qid);
     if upstream.is_0_4() && py_strip(qid).is_empty() {
         return Err(QuestionError(format!(
@@ -119,22 +120,27 @@ fn check(qid: &str, def: &Value, upstream: Upstream) -> Result<(), QuestionError
         let shown = def.get("type").map_or_else(|| "None".to_owned(), py_repr);
         return fail(format!("unknown type {shown}; use one of ['choice', 'noul', 'score']"));
     };
-    let Some(instructions) = def.get("instructions") else {
-        return fail("no 'instructions'; add the text the model should answer".to_owned());
-    };
-    if upstream.is_0_4() {
-        let empty = match instructions {
-            Value::Null => {
-                return fail("'instructions' must not be None; add the text the model should answer".to_owned());
+    let instructions = def.get("instructions");
+    if output.is_jev() {
+        // Jev's `instructions` are optional (absent, null or empty): the options carry the
+        // question, as in a noul that only has criteria.
+    } else if let Some(instructions) = instructions {
+        if upstream.is_0_4() {
+            let empty = match instructions {
+                Value::Null => {
+                    return fail("'instructions' must not be None; add the text the model should answer".to_owned());
+                }
+                Value::String(s) => py_strip(s).is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::Object(m) => m.is_empty(),
+                Value::Bool(_) | Value::Number(_) => false,
+            };
+            if empty {
+                return fail("'instructions' must not be empty; add the text the model should answer".to_owned());
             }
-            Value::String(s) => py_strip(s).is_empty(),
-            Value::Array(a) => a.is_empty(),
-            Value::Object(m) => m.is_empty(),
-            Value::Bool(_) | Value::Number(_) => false,
-        };
-        if empty {
-            return fail("'instructions' must not be empty; add the text the model should answer".to_owned());
         }
+    } else {
+        return fail("no 'instructions'; add the text the model should answer".to_owned());
     }
     let criteria = def.get("criteria").filter(|c| !c.is_null());
     match qtype {
@@ -348,11 +354,14 @@ fn is_blank(value: Option<&Value>) -> bool {
     matches!(value, None | Some(Value::Null)) || value.and_then(Value::as_str) == Some("")
 }
 
-fn to_internal(id: &str, def: &Map<String, Value>, upstream: Upstream) -> Question {
+fn to_internal(id: &str, def: &Map<String, Value>, upstream: Upstream, output: OutputProfile) -> Question {
     // `check` has run, so the shapes below are the validated ones.
     let qtype = QuestionType::parse(def.get("type")).unwrap_or(QuestionType::Noul);
     let instructions = match def.get("instructions") {
         Some(Value::String(s)) => s.clone(),
+        // Jev's optional instructions, absent: the head reads `<type> question: ` and the options
+        // carry the question.
+        None | Some(Value::Null) if output.is_jev() => String::new(),
         Some(other) => py_json(other, Separators::Spaced),
         None => "null".to_owned(),
     };
@@ -445,8 +454,18 @@ fn to_internal(id: &str, def: &Map<String, Value>, upstream: Upstream) -> Questi
 
 /// Validates every question in request order (the first failure wins), then renders them all.
 pub fn parse_questions(questions: &Map<String, Value>, upstream: Upstream) -> Result<Vec<Question>, QuestionError> {
+    parse_questions_in(questions, upstream, OutputProfile::Laya)
+}
+
+/// [`parse_questions`] for a server in the `output` profile: under `jev`, `instructions` are
+/// optional (absent, null or empty), as the Jev contract has them; every other rule is the release's.
+pub fn parse_questions_in(
+    questions: &Map<String, Value>,
+    upstream: Upstream,
+    output: OutputProfile,
+) -> Result<Vec<Question>, QuestionError> {
     for (id, def) in questions {
-        check(id, def, upstream)?;
+        check(id, def, upstream, output)?;
     }
     if upstream.is_0_4() {
         for (id, def) in questions {
@@ -460,7 +479,7 @@ pub fn parse_questions(questions: &Map<String, Value>, upstream: Upstream) -> Re
     }
     Ok(questions
         .iter()
-        .filter_map(|(id, def)| def.as_object().map(|def| to_internal(id, def, upstream)))
+        .filter_map(|(id, def)| def.as_object().map(|def| to_internal(id, def, upstream, output)))
         .collect())
 }
 
@@ -596,6 +615,39 @@ mod tests {
         assert_eq!(
             qs[1].keys,
             AnswerKeys::Score(vec![json!("low"), json!("1"), json!("{\"a\": 1}")])
+        );
+    }
+
+    #[test]
+    fn jev_questions_need_no_instructions_and_keep_every_other_rule() {
+        let bare = json!({
+            "threat": {"type": "noul", "criteria": {"true": "a threat", "false": "no threat"}},
+            "team": {"type": "choice", "instructions": null, "criteria": {"a": null, "b": null}},
+            "mood": {"type": "score", "instructions": "", "criteria": ["calm", "angry"]},
+        });
+        let map = bare.as_object().expect("object");
+        let refused = parse_questions(map, Upstream::V0_4_15).expect_err("upstream needs instructions");
+        assert_eq!(
+            refused.0,
+            "question 'threat': no 'instructions'; add the text the model should answer"
+        );
+        let qs = parse_questions_in(map, Upstream::V0_4_15, OutputProfile::Jev).expect("jev takes them");
+        assert_eq!(
+            qs.iter().map(|q| q.instructions.as_str()).collect::<Vec<_>>(),
+            ["", "", ""]
+        );
+        assert_eq!(qs[0].options, ["false: no threat", "true: a threat"]);
+        assert!(parse_questions_in(map, Upstream::V0_4_15, OutputProfile::JevStrict).is_err());
+        let unknown = json!({"q": {"type": "boolean"}});
+        assert_eq!(
+            parse_questions_in(
+                unknown.as_object().expect("object"),
+                Upstream::V0_4_15,
+                OutputProfile::Jev
+            )
+            .expect_err("still a bad type")
+            .0,
+            "question 'q': unknown type 'boolean'; use one of ['choice', 'noul', 'score']"
         );
     }
 }

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use crate::output::OutputProfile;
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
 use crate::routing::{CheckpointName, RouteError, resolve_model_field};
 use crate::upstream::Upstream;
@@ -26,14 +27,65 @@ pub struct RequestError {
     pub status: u16,
     /// The `detail` text.
     pub detail: String,
+    /// What kind of refusal it is, for the `jev` profile, which writes validation failures and other
+    /// refusals in different shapes (`crate::jev::error_body`); upstream's shape ignores it.
+    pub problem: Problem,
+}
+
+/// How the Jev wire contract classes a refusal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// The body fails validation: FastAPI's 422 item, with where (`loc` after `"body"`: field
+    /// names and question ids) and pydantic's error `type` (`missing`, `json_invalid`, …).
+    Invalid {
+        /// The path below `"body"`; empty for the body as a whole.
+        loc: Vec<Value>,
+        /// The error type.
+        kind: &'static str,
+    },
+    /// Anything else (a size limit, an unknown model, a server state), with Jev's `error_type`.
+    Refused {
+        /// The Jev error type.
+        error_type: &'static str,
+    },
 }
 
 impl RequestError {
-    /// An error with this status and detail.
+    /// An error with this status and detail. A 400 or 422 is a validation failure of the body as a
+    /// whole (`value_error`) until [`at`](Self::at) says where; any other status is a refusal.
     pub fn new(status: u16, detail: impl Into<String>) -> Self {
+        let problem = match status {
+            400 | 422 => Problem::Invalid {
+                loc: Vec::new(),
+                kind: "value_error",
+            },
+            _ => Problem::Refused {
+                error_type: crate::jev::error_type(status),
+            },
+        };
         Self {
             status,
             detail: detail.into(),
+            problem,
+        }
+    }
+
+    /// The same error as a validation failure of the field at `loc` (below `"body"`), of this kind.
+    pub fn at(self, loc: &[&str], kind: &'static str) -> Self {
+        Self {
+            problem: Problem::Invalid {
+                loc: loc.iter().map(|&part| Value::from(part)).collect(),
+                kind,
+            },
+            ..self
+        }
+    }
+
+    /// The same error as a refusal that is not about one field, with this Jev `error_type`.
+    pub fn refused(self, error_type: &'static str) -> Self {
+        Self {
+            problem: Problem::Refused { error_type },
+            ..self
         }
     }
 
@@ -204,7 +256,19 @@ pub(crate) fn decode_like_python(bytes: &[u8]) -> Option<String> {
 /// would accept them or fail later; so are lone `\udXXX` escapes under 0.3.20 (0.4.15 refuses them
 /// itself, with its own 400, after the size checks).
 pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Result<DecisionRequest, RequestError> {
-    let invalid_json = || RequestError::new(400, "request body must be valid JSON");
+    parse_body_in(bytes, upstream, OutputProfile::Laya, limits)
+}
+
+/// [`parse_body`] for a server in the `output` profile: the same checks, except that under `jev` the
+/// `model` is read as the Jev API reads it (`crate::jev::resolve_model`) and an empty `questions`
+/// is refused (422 `too_short`, as Jev's validation does; upstream answers it with no answers).
+pub fn parse_body_in(
+    bytes: &[u8],
+    upstream: Upstream,
+    output: OutputProfile,
+    limits: RequestLimits,
+) -> Result<DecisionRequest, RequestError> {
+    let invalid_json = || RequestError::new(400, "request body must be valid JSON").at(&[], "json_invalid");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
     let (text, lone_surrogate) = match upstream {
         Upstream::V0_3_20 => (Cow::Borrowed(text.as_str()), false),
@@ -212,24 +276,26 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
     };
     let body: Value = serde_json::from_str(&text).map_err(|_| invalid_json())?;
     let Value::Object(mut body) = body else {
-        return Err(RequestError::new(
-            400,
-            "request body must be an object with a 'questions' field",
-        ));
+        return Err(
+            RequestError::new(400, "request body must be an object with a 'questions' field").at(&[], "dict_type"),
+        );
     };
     let Some(questions) = body.remove("questions") else {
-        return Err(RequestError::new(
-            400,
-            "request body must be an object with a 'questions' field",
-        ));
+        return Err(
+            RequestError::new(400, "request body must be an object with a 'questions' field")
+                .at(&["questions"], "missing"),
+        );
     };
     let state = body.remove("state").filter(|s| !s.is_null());
     if upstream.is_0_4() && state.is_none() {
-        return Err(RequestError::new(400, "'state' is required"));
+        return Err(RequestError::new(400, "'state' is required").at(&["state"], "missing"));
     }
     let Value::Object(questions) = questions else {
-        return Err(RequestError::new(400, "'questions' must be an object"));
+        return Err(RequestError::new(400, "'questions' must be an object").at(&["questions"], "dict_type"));
     };
+    if output.is_jev() && questions.is_empty() {
+        return Err(no_questions());
+    }
     if questions.len() > MAX_QUESTIONS {
         return Err(RequestError::new(
             413,
@@ -251,8 +317,15 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
             format!("state too large ({state_chars} > {MAX_STATE_CHARS} chars)"),
         ));
     }
-    // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above.
-    let resolve_model = || resolve_model_field(body.get("model"), upstream).map_err(RequestError::from_route);
+    // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above; Jev
+    // refuses every name that is neither a checkpoint nor a Jev model id.
+    let resolve_model = || {
+        if output.is_jev() {
+            crate::jev::resolve_model(body.get("model"))
+        } else {
+            resolve_model_field(body.get("model"), upstream).map_err(RequestError::from_route)
+        }
+    };
     let (model, controls) = match upstream {
         Upstream::V0_3_20 => (resolve_model()?, Controls::default()),
         Upstream::V0_4_15 => {
@@ -261,20 +334,10 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
                 .filter(|key| body.get(*key).is_some_and(|v| !v.is_null()))
                 .collect();
             if !refused.is_empty() {
-                return Err(RequestError::new(
-                    422,
-                    format!(
-                        "{} run inside the server process and cannot be sent to this endpoint; \
-                         install them where laya-serve runs, or drop them",
-                        refused.join(", ")
-                    ),
-                ));
+                return Err(hooks_refused(&refused));
             }
             if lone_surrogate {
-                return Err(RequestError::new(
-                    400,
-                    "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
-                ));
+                return Err(lone_surrogate_refused());
             }
             let model = resolve_model()?;
             (model, read_controls(&body, limits)?)
@@ -286,6 +349,40 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
         model,
         controls,
     })
+}
+
+/// The `jev` profile's refusal of an empty `questions` (pydantic's `too_short`).
+pub(crate) fn no_questions() -> RequestError {
+    RequestError::new(
+        422,
+        "'questions' must hold at least one question; an empty request has nothing to answer",
+    )
+    .at(&["questions"], "too_short")
+}
+
+/// 0.4.15's 422 for fields that name in-process hooks (`refused` in `BODY_REFUSALS` order).
+pub(crate) fn hooks_refused(refused: &[&str]) -> RequestError {
+    let mut e = RequestError::new(
+        422,
+        format!(
+            "{} run inside the server process and cannot be sent to this endpoint; \
+             install them where laya-serve runs, or drop them",
+            refused.join(", ")
+        ),
+    );
+    if let [field, ..] = refused {
+        e = e.at(&[field], "extra_forbidden");
+    }
+    e
+}
+
+/// 0.4.15's 400 for a lone surrogate escape.
+pub(crate) fn lone_surrogate_refused() -> RequestError {
+    RequestError::new(
+        400,
+        "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
+    )
+    .at(&[], "string_unicode")
 }
 
 /// 0.4.15's option limits, question by question in request order (only well-formed choice and
@@ -325,7 +422,8 @@ pub(crate) fn check_option_counts(
                 return Err(RequestError::new(
                     422,
                     format!("score question {q} has a null level at index {i}; give every level a description"),
-                ));
+                )
+                .at(&["questions", qid.as_str(), "criteria"], "string_type"));
             }
         }
     }
@@ -423,7 +521,7 @@ pub(crate) fn read_controls(body: &Map<String, Value>, limits: RequestLimits) ->
         let Some(value) = present(key) else {
             return Ok(None);
         };
-        let fail = |detail: String| Err(RequestError::new(422, detail));
+        let fail = |detail: String| Err(RequestError::new(422, detail).at(&[key], "value_error"));
         let Value::Number(n) = value else {
             return fail(format!("{key} must be an integer"));
         };
@@ -453,12 +551,16 @@ pub(crate) fn read_controls(body: &Map<String, Value>, limits: RequestLimits) ->
             Some(_) => Err(RequestError::new(
                 422,
                 format!("{key} must be a language code string such as \"de\", or null"),
-            )),
+            )
+            .at(&[key], "string_type")),
         }
     };
     let lang = language("lang")?;
     let lang_guess = language("lang_guess")?;
-    let min_confidence = present("min_confidence").map(check_min_confidence).transpose()?;
+    let min_confidence = present("min_confidence")
+        .map(check_min_confidence)
+        .transpose()
+        .map_err(|e| e.at(&["min_confidence"], "value_error"))?;
     Ok(Controls {
         max_len,
         head_max_len,
@@ -728,6 +830,88 @@ mod tests {
         assert_eq!(
             (threshold.threshold("noul:2"), threshold.threshold("choice:2")),
             (0.9, 1.0)
+        );
+    }
+
+    #[test]
+    fn jev_reads_model_as_jev_refuses_an_empty_request_and_says_where_a_body_fails() {
+        let jev = |body: &str| {
+            parse_body_in(
+                body.as_bytes(),
+                Upstream::V0_4_15,
+                OutputProfile::Jev,
+                RequestLimits::default(),
+            )
+        };
+        let laya = |body: &str| parse_body(body.as_bytes(), Upstream::V0_4_15, RequestLimits::default());
+        let q = r#"{"q": {"type": "noul", "instructions": "x"}}"#;
+        let with_model = |model: &str| format!(r#"{{"state": "s", "model": {model}, "questions": {q}}}"#);
+        let path_like = with_model(r#""typesafe/jev-1.13""#);
+        assert_eq!(laya(&path_like).expect_err("0.4.15 refuses a path").status, 422);
+        assert_eq!(jev(&path_like).expect("a Jev id").model, None);
+        assert_eq!(laya(&with_model(r#""whatever""#)).expect("routed").model, None);
+        let unknown = jev(&with_model(r#""whatever""#)).expect_err("Jev refuses it");
+        assert_eq!(
+            (unknown.status, unknown.problem),
+            (
+                400,
+                Problem::Refused {
+                    error_type: "api_usage_error"
+                }
+            )
+        );
+        assert_eq!(
+            jev(&with_model(r#""ml""#)).expect("an alias").model,
+            Some(CheckpointName::Multilingual)
+        );
+
+        let empty = r#"{"state": "s", "questions": {}}"#;
+        assert!(laya(empty).expect("upstream answers it").questions.is_empty());
+        let e = jev(empty).expect_err("Jev refuses it");
+        assert_eq!(e.status, 422);
+        assert_eq!(
+            e.problem,
+            Problem::Invalid {
+                loc: vec![Value::from("questions")],
+                kind: "too_short"
+            }
+        );
+
+        // Where each body check fails, in every profile (only `jev` shows it).
+        let invalid = |body: &str| laya(body).expect_err("invalid").problem;
+        let at = |loc: &[&str], kind| Problem::Invalid {
+            loc: loc.iter().map(|&l| Value::from(l)).collect(),
+            kind,
+        };
+        assert_eq!(invalid("{"), at(&[], "json_invalid"));
+        assert_eq!(invalid("[]"), at(&[], "dict_type"));
+        assert_eq!(invalid(r#"{"state": "s"}"#), at(&["questions"], "missing"));
+        assert_eq!(invalid(r#"{"questions": {}}"#), at(&["state"], "missing"));
+        assert_eq!(
+            invalid(r#"{"state": "s", "questions": []}"#),
+            at(&["questions"], "dict_type")
+        );
+        assert_eq!(
+            invalid(&format!(r#"{{"state": "s", "max_len": "x", "questions": {q}}}"#)),
+            at(&["max_len"], "value_error")
+        );
+        assert_eq!(
+            invalid(&format!(r#"{{"state": "s", "hooks": [1], "questions": {q}}}"#)),
+            at(&["hooks"], "extra_forbidden")
+        );
+        let too_many = format!(
+            r#"{{"state": "s", "questions": {{"q": {{"type": "choice", "instructions": "x", "criteria": [{}]}}}}}}"#,
+            (0..101).map(|i| format!("\"o{i}\"")).collect::<Vec<_>>().join(",")
+        );
+        let large = laya(&too_many).expect_err("over 100 options");
+        assert_eq!(
+            (large.status, large.problem),
+            (
+                413,
+                Problem::Refused {
+                    error_type: "request_too_large"
+                }
+            )
         );
     }
 }

@@ -21,13 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use laya::batch::{BatchRequest, parse_batch_body, render_batch};
+use laya::batch::{BatchRequest, parse_batch_body_in, render_batch};
 use laya::decision::{
     DecisionOptions, PreparedDecision, prepare, prepare_routed, project, respond, respond_unprojected, route_request,
 };
-use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
-use laya::request::{DecisionRequest, RequestError, parse_body};
+use laya::request::{DecisionRequest, RequestError, parse_body_in};
 use laya::routing::CheckpointName;
 use laya::routing::RoutingDecision;
 use laya::tournament::{self, Tournament};
@@ -151,7 +150,7 @@ impl Decisions {
         let options = self.options;
         let prepared = self
             .prepare_off_reactor(deadline, request_id, move || {
-                let request = parse_body(&json, options.upstream, options.limits)?;
+                let request = parse_body_in(&json, options.upstream, options.output, options.limits)?;
                 if let Some(tournament) = plan_tournament(&request.questions, options)? {
                     return Ok(Err((request, tournament)));
                 }
@@ -243,7 +242,7 @@ impl Decisions {
         let options = self.options;
         let prepared = self
             .prepare_off_reactor(deadline, request_id, move || {
-                let batch = parse_batch_body(&json, options.limits)?;
+                let batch = parse_batch_body_in(&json, options.output, options.limits)?;
                 // A batch shares one question set, so whether it is narrowed is decided once.
                 if let Some(tournament) = plan_tournament(&batch.questions, options)? {
                     return Ok(Err((batch, tournament)));
@@ -337,7 +336,7 @@ impl Decisions {
             };
             let mut body = respond(p, checkpoint, rows)?;
             if diagnostics
-                && p.output == OutputProfile::Laya
+                && p.output.keeps_extra_keys()
                 && let (Some(output), Some(object)) = (&output, body.as_object_mut())
             {
                 object.insert("x_layad".to_owned(), diagnostics_block(output));
@@ -419,7 +418,7 @@ impl Decisions {
         input_tokens += input_tokens_of(&body);
         let mut body = project(self.options.output, tournament.merge(body, input_tokens, true));
         if self.live.diagnostics()
-            && self.options.output == OutputProfile::Laya
+            && self.options.output.keeps_extra_keys()
             && let (Some(output), Some(object)) = (&output, body.as_object_mut())
         {
             object.insert("x_layad".to_owned(), diagnostics_block(output));
@@ -524,10 +523,10 @@ impl Decisions {
             output.answer.outputs
         };
         let mut body = respond(prepared, checkpoint, &outputs)?;
-        // A strict Jev client rejects keys the contract does not define, so `jev-strict` answers
-        // carry no `x_layad` whatever `server.diagnostics` says.
+        // A strict Jev client rejects keys the contract does not define, so `jev-strict` and `jev`
+        // answers carry no `x_layad` whatever `server.diagnostics` says.
         if self.live.diagnostics()
-            && prepared.output == OutputProfile::Laya
+            && prepared.output.keeps_extra_keys()
             && let (Some(block), Some(object)) = (diagnostics, body.as_object_mut())
         {
             object.insert("x_layad".to_owned(), block);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs TypeSafe Jev SDK (`typesafe-sdk==0.7.5`, unmodified, from PyPI) scenarios against layad.
 
-For every profile (`[compat] upstream = "0.4.15"` and `"0.3.20"` by default) it starts the release
+For every profile (`[compat] upstream = "0.4.15"` and `"0.3.20"`, and `output = "jev-strict"` and
+`"jev"` on 0.4.15, by default; `--profiles` takes `0.4.15`, `0.3.20`, `jev-strict`, `jev`) it starts the release
 `layad serve` on a free 127.0.0.1 port with the fixture checkpoints and `LAYA_API_KEY` set, waits for
 `GET /readyz` = 200, points the SDK at it the way an application would (`TYPESAFE_BASE_URL`,
 `TYPESAFE_API_KEY`, `TypeSafeClient()` with its defaults), runs the scenarios and prints one line
@@ -140,7 +141,7 @@ class Layad:
         shutil.copytree(hf_home, self.hf_home, symlinks=True)
         self.toml = tmp / "layad.toml"
         self.toml.write_text(
-            f'[compat]\nupstream = "{profile}"\n'
+            f'[compat]\nupstream = "{upstream_of(profile)}"\noutput = "{output_of(profile)}"\n'
             f'[server]\nlisten = "127.0.0.1:{self.port}"\ndiagnostics = false\nrequest_timeout = "60s"\n'
             f'[workers]\nsocket_dir = "{tmp / "layad-sockets"}"\nstartup_timeout = "3m"\n'
             '[logging]\nfilter = "info"\n'
@@ -198,6 +199,16 @@ QUEUE = {"billing": "payment problems", "tech": "technical issue"}
 URGENCY = ["can wait", "needs attention this week", "needs attention today"]
 
 
+def upstream_of(profile: str) -> str:
+    """The `[compat] upstream` of a profile name: `0.4.15`/`0.3.20` themselves, else 0.4.15."""
+    return profile if profile in ("0.4.15", "0.3.20") else "0.4.15"
+
+
+def output_of(profile: str) -> str:
+    """The `[compat] output` of a profile name: `jev-strict`/`jev` themselves, else `laya`."""
+    return profile if profile in ("jev-strict", "jev") else "laya"
+
+
 class Expected(Exception):
     """The scenario ended the way the SDK must end against this profile (not a failure)."""
 
@@ -236,6 +247,14 @@ def sdk_error(fn, cls):
 def scenarios(ts, profile: str):
     """[(name, what it checks, fn)] where fn(client) returns a note or raises Expected(note)."""
     new = profile != "0.3.20"  # 0.4.x contract
+    jev = output_of(profile) == "jev"  # the Jev wire contract: optional instructions, 422 detail[]
+
+    def detail_shown(e) -> bool:
+        """The server's message is in the SDK's error text (a string `detail`, or Jev's list)."""
+        detail = e.body["detail"]
+        if isinstance(detail, list):
+            return all(d["msg"] in str(e) for d in detail)
+        return detail in str(e)
 
     def choice(c):
         r = c.system_one(state=STATE, questions={"queue": ts.Choice(instructions="Which queue?", criteria=QUEUE)})
@@ -317,7 +336,7 @@ def scenarios(ts, profile: str):
         q = {"urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", None]}}
         if new:
             e = sdk_error(lambda: c.system_one(state=STATE, questions=q), ts.TypeSafeUnprocessableEntityError)
-            check(e.status == 422 and "null level" in str(e) and e.body["detail"] in str(e), f"message {e}")
+            check(e.status == 422 and "null level" in str(e) and detail_shown(e), f"message {e}")
             return f"TypeSafeUnprocessableEntityError: {e}"
         # 0.3.20 accepts a null level and echoes it in `legend`; the SDK's legend values must be
         # string/object/array, so it refuses the 200.
@@ -327,9 +346,13 @@ def scenarios(ts, profile: str):
 
     def empty_instructions(c):
         q = {"queue": ts.Choice(instructions="", criteria=QUEUE)}
+        if jev:  # Jev's instructions are optional
+            r = c.system_one(state=STATE, questions=q)
+            check(r.choices["queue"].choice in QUEUE, "answered")
+            return f"jev accepts instructions=\"\": choice={r.choices['queue'].choice!r}"
         if new:
             e = sdk_error(lambda: c.system_one(state=STATE, questions=q), ts.TypeSafeUnprocessableEntityError)
-            check("must not be empty" in str(e) and e.body["detail"] in str(e), f"message {e}")
+            check("must not be empty" in str(e) and detail_shown(e), f"message {e}")
             return f"TypeSafeUnprocessableEntityError: {e}"
         r = c.system_one(state=STATE, questions=q)  # 0.3.20 does not check the value of instructions
         check(r.choices["queue"].choice in QUEUE, "answered")
@@ -338,11 +361,15 @@ def scenarios(ts, profile: str):
     def noul_bad_criteria(c):
         q = {"billing": {"type": "noul", "instructions": "Billing?", "criteria": {"yes": "money", "no": "other"}}}
         e = sdk_error(lambda: c.system_one(state=STATE, questions=q), ts.TypeSafeUnprocessableEntityError)
-        check("keyed only 'true'/'false'" in str(e) and e.body["detail"] in str(e), f"message {e}")
+        check("keyed only 'true'/'false'" in str(e) and detail_shown(e), f"message {e}")
         return f"TypeSafeUnprocessableEntityError: {str(e)[:110]}..."
 
     def numeric_labels(c):
         q = {"pick": {"type": "choice", "instructions": "Which one?", "criteria": [1, 2]}}
+        if jev:  # Jev's option names are strings: the choice is its probabilities key
+            r = c.system_one(state=STATE, questions=q)
+            check(r.choices["pick"].choice in {"1", "2"}, f"choice {r.choices['pick'].choice!r}")
+            return f"list labels [1, 2] -> choice={r.choices['pick'].choice!r} (a string)"
         if new:
             # upstream 0.4.15 answers "choice": 1 (a number); the SDK's ChoiceAnswer.choice is a str.
             e = sdk_error(lambda: c.system_one(state=STATE, questions=q), ts.TypeSafeAPIResponseValidationError)
@@ -373,6 +400,13 @@ def scenarios(ts, profile: str):
 
     def no_instructions(c):
         notes = []
+        if jev:  # Jev's instructions are optional: answered
+            for qid, q in (("billing", ts.Noul(criteria={"true": "The customer wants money back"})),
+                           ("queue", ts.Choice(criteria=QUEUE))):
+                r = c.system_one(state=STATE, questions={qid: q})
+                check(list(r.answers) == [qid], f"answers {list(r.answers)}")
+                notes.append(f"{type(q).__name__} answered")
+            return ", ".join(notes) + " without instructions"
         for qid, q in (("billing", ts.Noul(criteria={"true": "The customer wants money back"})),
                        ("queue", ts.Choice(criteria=QUEUE))):
             e = sdk_error(lambda: c.system_one(state=STATE, questions={qid: q}), ts.TypeSafeUnprocessableEntityError)
@@ -418,7 +452,8 @@ def run_scenarios(url: str, key: str, profile: str, only: set[str] | None) -> li
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profiles", default="0.4.15,0.3.20", help="comma list of [compat] upstream values")
+    ap.add_argument("--profiles", default="0.4.15,0.3.20,jev-strict,jev",
+                    help="comma list of [compat] upstream values, or jev-strict / jev (output profiles on 0.4.15)")
     ap.add_argument("--bin-dir", default=DEFAULT_BIN_DIR, help="where the release layad binaries are")
     ap.add_argument("--hf-home", default=str(DEFAULT_HF_HOME), help="checkpoints (copied to the temp dir)")
     ap.add_argument("--venv", default=DEFAULT_VENV, help="the SDK venv (created when missing)")

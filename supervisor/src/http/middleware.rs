@@ -1,6 +1,7 @@
 //! What wraps every request: its id (`x-request-id`, echoed or generated, and the same id again in
 //! the Jev API's `x-typesafe-request-id`), the DNS-rebinding `Host` check on loopback binds (421),
-//! the `Server-Timing` header, and one log line per request.
+//! error answers in the output profile's shape, the `Server-Timing` header, and one log line per
+//! request.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
+use laya::output::OutputProfile;
+
 use crate::decisions::Timings;
-use crate::http::response::ApiError;
+use crate::http::response::{ApiError, in_profile};
 
 /// The `x-request-id` header.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -152,9 +155,20 @@ fn server_timing(timings: &Timings, total: Duration) -> String {
     upstream.into_iter().chain(ours).collect::<Vec<_>>().join(", ")
 }
 
-/// Wraps every request: id, `Host` check (when `host_check` is set), then the route, then
-/// `x-request-id`, `x-typesafe-request-id` and `Server-Timing` on whatever answer came back.
-pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request: Request, next: Next) -> Response {
+/// What the frame around every request needs.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// The `Host` check, on loopback binds only.
+    pub host_check: Option<Arc<HostCheck>>,
+    /// The server's output profile, whose shape every error answer takes (whichever route or
+    /// fallback produced it).
+    pub output: OutputProfile,
+}
+
+/// Wraps every request: id, `Host` check (when `host_check` is set), then the route, then the
+/// error answer's shape in the output profile, `x-request-id`, `x-typesafe-request-id` and
+/// `Server-Timing` on whatever answer came back.
+pub async fn frame(State(frame): State<Frame>, mut request: Request, next: Next) -> Response {
     let context = RequestContext {
         id: request_id(request.headers()),
         started: Instant::now(),
@@ -162,15 +176,16 @@ pub async fn frame(State(host_check): State<Option<Arc<HostCheck>>>, mut request
     let span = tracing::info_span!("request", id = %context.id);
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let host_check = match &host_check {
+    let host_check = match &frame.host_check {
         Some(check) => check.check(request.headers(), request.uri()),
         None => Ok(()),
     };
     request.extensions_mut().insert(context.clone());
-    let mut response = match host_check {
+    let response = match host_check {
         Ok(()) => next.run(request).instrument(span.clone()).await,
         Err(e) => e.into_response(),
     };
+    let mut response = in_profile(response, frame.output);
     let total = context.started.elapsed();
     let timings = response.extensions().get::<Timings>().copied().unwrap_or_default();
     let headers = response.headers_mut();

@@ -1,14 +1,17 @@
 //! What every answer's body looks like: JSON rendered as upstream's Starlette renders it (compact,
 //! non-ASCII kept, `application/json`), and [`ApiError`], the one place a failure becomes an HTTP
 //! answer — a status, upstream's `{"detail": …}` and, for 503s, a `Retry-After` — with the one table
-//! from request-handling errors ([`DecisionError`], [`BackendError`]) to those answers.
+//! from request-handling errors ([`DecisionError`], [`BackendError`]) to those answers. Under
+//! `[compat] output = "jev"` the frame ([`in_profile`]) rewrites every error answer in the Jev API's
+//! shapes from the [`ApiError`] it carries.
 
 use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
-use laya::request::RequestError;
+use laya::request::{Problem, RequestError};
 use serde_json::{Map, Value};
 
 use crate::backend::BackendError;
@@ -37,15 +40,22 @@ pub struct ApiError {
     pub detail: String,
     /// Sent as `Retry-After` (whole seconds, at least 1).
     pub retry_after: Option<Duration>,
+    /// What kind of refusal it is, for the `jev` profile's shapes: a request body's validation
+    /// failure (from `laya`), else a refusal with the Jev `error_type` of its status.
+    pub problem: Problem,
 }
 
 impl ApiError {
-    /// An error with this status and detail.
+    /// An error with this status and detail: a refusal, not a validation failure (those come from
+    /// `laya`'s [`RequestError`]s).
     pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         Self {
             status,
             detail: detail.into(),
             retry_after: None,
+            problem: Problem::Refused {
+                error_type: laya::jev::error_type(status.as_u16()),
+            },
         }
     }
 
@@ -96,7 +106,10 @@ impl From<RequestError> for ApiError {
             // server will not help, but a load balancer may send the retry elsewhere.
             return Self::unavailable(e.detail, Duration::from_secs(1));
         }
-        Self::new(status, e.detail)
+        Self {
+            problem: e.problem,
+            ..Self::new(status, e.detail)
+        }
     }
 }
 
@@ -145,9 +158,11 @@ impl From<DecisionError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// Upstream's shape; the error itself rides along in the response's extensions so that the
+    /// frame can write it in another profile's shape ([`in_profile`]).
     fn into_response(self) -> Response {
         let mut body = Map::new();
-        body.insert("detail".to_owned(), Value::from(self.detail));
+        body.insert("detail".to_owned(), Value::from(self.detail.clone()));
         let mut response = json_response(self.status, &Value::Object(body));
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
@@ -155,8 +170,27 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
+        response.extensions_mut().insert(self);
         response
     }
+}
+
+/// A finished answer in the server's output profile: under `jev`, an error answer is rewritten in
+/// the Jev API's shape (`laya::jev::error_body`: FastAPI's 422 list for a body that fails
+/// validation, `{"detail": {"error_type", "message"}}` otherwise), keeping its other headers
+/// (`Retry-After`); every other answer, and every answer of the other profiles, passes unchanged.
+pub fn in_profile(response: Response, output: OutputProfile) -> Response {
+    if !output.is_jev() {
+        return response;
+    }
+    let Some(error) = response.extensions().get::<ApiError>().cloned() else {
+        return response;
+    };
+    let (status, body) = laya::jev::error_body(error.status.as_u16(), &error.detail, &error.problem);
+    let (mut parts, _) = response.into_parts();
+    parts.status = StatusCode::from_u16(status).unwrap_or(error.status);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(py_json(&body, Separators::Compact)))
 }
 
 #[cfg(test)]
@@ -215,6 +249,61 @@ mod tests {
             (StatusCode::PAYLOAD_TOO_LARGE, why)
         );
         assert!(refused.into_response().headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    fn body_of(response: Response) -> (u16, Option<String>, serde_json::Value) {
+        let status = response.status().as_u16();
+        let retry = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = body_bytes(response);
+        (status, retry, serde_json::from_slice(&bytes).expect("json body"))
+    }
+
+    fn body_bytes(response: Response) -> Vec<u8> {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        runtime
+            .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+            .expect("body")
+            .to_vec()
+    }
+
+    #[test]
+    fn only_the_jev_profile_rewrites_errors_and_keeps_their_headers() {
+        let busy = || ApiError::unavailable("server busy, try again later", Duration::from_secs(2)).into_response();
+        assert_eq!(
+            body_of(in_profile(busy(), OutputProfile::JevStrict)),
+            (
+                503,
+                Some("2".to_owned()),
+                serde_json::json!({"detail": "server busy, try again later"})
+            )
+        );
+        assert_eq!(
+            body_of(in_profile(busy(), OutputProfile::Jev)),
+            (
+                503,
+                Some("2".to_owned()),
+                serde_json::json!({"detail": {"error_type": "overloaded_error", "message": "server busy, try again later"}})
+            )
+        );
+        let invalid = ApiError::from(RequestError::new(400, "'state' is required").at(&["state"], "missing"));
+        assert_eq!(
+            body_of(in_profile(invalid.into_response(), OutputProfile::Jev)),
+            (
+                422,
+                None,
+                serde_json::json!({"detail": [{"loc": ["body", "state"], "msg": "'state' is required", "type": "missing"}]})
+            )
+        );
+        // An answer that is not an error passes untouched.
+        let ok = json_response(StatusCode::OK, &serde_json::json!({"answers": {}}));
+        assert_eq!(
+            body_of(in_profile(ok, OutputProfile::Jev)),
+            (200, None, serde_json::json!({"answers": {}}))
+        );
     }
 
     #[test]

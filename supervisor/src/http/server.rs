@@ -30,7 +30,7 @@ use crate::http::admission::Admission;
 use crate::http::app::App;
 use crate::http::connection::{ConnectionService, GuardedIo};
 use crate::http::connections::{Connections, Registered};
-use crate::http::middleware::{self, HostCheck};
+use crate::http::middleware::{self, Frame, HostCheck};
 use crate::http::protocol::MAX_HEADERS;
 use crate::http::response::ApiError;
 use crate::http::routes;
@@ -74,6 +74,11 @@ impl Server {
         let server = &config.server;
         raise_open_files_limit(server.max_connections);
         let live = Arc::new(LiveSettings::new(config));
+        // `jev` plays choices over 100 options by elimination even when no group is configured.
+        let tournament_group = config
+            .compat
+            .output
+            .tournament_group(config.compat.tournament_group as usize);
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout)
                 .with_max_concurrent(server.max_concurrent),
@@ -86,7 +91,7 @@ impl Server {
                     limits: RequestLimits {
                         max_token_budget: config.compat.max_token_budget,
                         // Tournament mode raises the cap: a wide choice is read in groups.
-                        max_choice_options: if config.compat.tournament_group != 0 && config.compat.upstream.is_0_4() {
+                        max_choice_options: if tournament_group != 0 && config.compat.upstream.is_0_4() {
                             laya::tournament::MAX_TOURNAMENT_CHOICE_OPTIONS
                         } else {
                             laya::request::MAX_CHOICE_OPTIONS
@@ -94,7 +99,7 @@ impl Server {
                     },
                     default_checkpoint: config.compat.default_checkpoint,
                     output: config.compat.output,
-                    tournament_group: config.compat.tournament_group as usize,
+                    tournament_group,
                 },
                 server.request_timeout,
                 Arc::clone(&live),
@@ -111,7 +116,13 @@ impl Server {
             .then(|| Arc::new(HostCheck::new(&server.allowed_hosts)));
         Ok(Self {
             listener,
-            router: router(Arc::new(app), host_check),
+            router: router(
+                Arc::new(app),
+                Frame {
+                    host_check,
+                    output: config.compat.output,
+                },
+            ),
             max_connections: server.max_connections,
             max_connections_per_client: server.max_connections_per_client,
             header_timeout: server.body_timeout,
@@ -260,7 +271,7 @@ fn raise_open_files_limit(max_connections: usize) {
 }
 
 /// Every route, FastAPI's 404/405/307 behaviour, and the per-request frame around them.
-pub fn router(app: Arc<App>, host_check: Option<Arc<HostCheck>>) -> Router {
+pub fn router(app: Arc<App>, frame: Frame) -> Router {
     let mut router = Router::new().route(routes::SYSTEMONE, post(routes::systemone::systemone));
     // 0.3.20 has no batch route: there the path is unknown (404), as upstream answers.
     if app.decisions.upstream().is_0_4() {
@@ -274,6 +285,6 @@ pub fn router(app: Arc<App>, host_check: Option<Arc<HostCheck>>) -> Router {
         .route(routes::METRICS, get(routes::metrics::metrics))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(routes::not_found)
-        .layer(axum::middleware::from_fn_with_state(host_check, middleware::frame))
+        .layer(axum::middleware::from_fn_with_state(frame, middleware::frame))
         .with_state(app)
 }
