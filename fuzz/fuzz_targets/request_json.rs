@@ -1,5 +1,5 @@
 //! Fuzzes a request body through the host's whole preparation, as `decisions.rs` runs it:
-//! `laya::request::parse_body` → `laya::decision::prepare` (routing, validation, tokenization,
+//! `laya::request::parse_body_in` → `laya::decision::prepare` (routing, validation, tokenization,
 //! rows) on the three fixture checkpoints. The first byte picks the upstream release, `auto_task`,
 //! the output profile and tournament mode; the rest is the (decoded) JSON body. Errors must be HTTP
 //! answers (4xx, or 503 for a checkpoint not served); prepared rows must be ones a worker accepts.
@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::{DecisionOptions, prepare};
 use laya::output::OutputProfile;
-use laya::request::{RequestLimits, parse_body};
+use laya::request::{RequestLimits, parse_body_in};
 use laya::routing::CheckpointName;
 use laya::upstream::Upstream;
 use libfuzzer_sys::fuzz_target;
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
         default_checkpoint: None,
     };
     let checkpoints = checkpoints();
-    let request = match parse_body(body, options.upstream, options.limits) {
+    let request = match parse_body_in(body, options.upstream, options.output, options.limits) {
         Ok(request) => request,
         Err(error) => {
             assert!(
