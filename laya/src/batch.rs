@@ -15,7 +15,7 @@ use crate::request::{
     BODY_REFUSALS, Controls, DecisionRequest, MAX_QUESTIONS, MAX_STATE_CHARS, RequestError, RequestLimits,
     check_option_counts, decode_like_python, mask_lone_surrogates, read_controls, state_chars_0_4,
 };
-use crate::routing::{CheckpointName, resolve_model_field};
+use crate::routing::{CheckpointName, Registry, resolve_model_field_in};
 use crate::upstream::Upstream;
 
 /// Most states in one batch (`MAX_BATCH_STATES`).
@@ -83,6 +83,15 @@ fn check_state(state: &Value, questions: &Value, limits: RequestLimits) -> Resul
 /// `_systemone_batch_inner` up to the inference call). Routing (an unknown `task`) and question
 /// validation come after, per state, as for a single request.
 pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequest, RequestError> {
+    parse_batch_body_in(bytes, limits, Registry::builtin_only())
+}
+
+/// [`parse_batch_body`] on a server that registered checkpoints of its own: `model` may name them.
+pub fn parse_batch_body_in(
+    bytes: &[u8],
+    limits: RequestLimits,
+    registry: &Registry,
+) -> Result<BatchRequest, RequestError> {
     let invalid_json = || RequestError::new(400, "request body must be valid JSON");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
     let (text, lone_surrogate) = mask_lone_surrogates(&text);
@@ -143,7 +152,8 @@ pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequ
             "request body contains an unpaired surrogate escape; those cannot be encoded as UTF-8",
         ));
     }
-    let model = resolve_model_field(body.get("model"), Upstream::V0_4_15).map_err(RequestError::from_route)?;
+    let model =
+        resolve_model_field_in(body.get("model"), Upstream::V0_4_15, registry).map_err(RequestError::from_route)?;
     let controls = read_controls(&body, limits)?;
     let batch_size = match body.get("batch_size").filter(|v| !v.is_null()) {
         None => None,

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
-use crate::routing::{CheckpointName, RouteError, resolve_model_field};
+use crate::routing::{CheckpointName, Registry, RouteError, resolve_model_field_in};
 use crate::upstream::Upstream;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
@@ -204,6 +204,16 @@ pub(crate) fn decode_like_python(bytes: &[u8]) -> Option<String> {
 /// would accept them or fail later; so are lone `\udXXX` escapes under 0.3.20 (0.4.15 refuses them
 /// itself, with its own 400, after the size checks).
 pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Result<DecisionRequest, RequestError> {
+    parse_body_in(bytes, upstream, limits, Registry::builtin_only())
+}
+
+/// [`parse_body`] on a server that registered checkpoints of its own: `model` may name them.
+pub fn parse_body_in(
+    bytes: &[u8],
+    upstream: Upstream,
+    limits: RequestLimits,
+    registry: &Registry,
+) -> Result<DecisionRequest, RequestError> {
     let invalid_json = || RequestError::new(400, "request body must be valid JSON");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
     let (text, lone_surrogate) = match upstream {
@@ -252,7 +262,8 @@ pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Re
         ));
     }
     // 0.3.20 never refuses a `model`; 0.4.15 refuses a path-like one after the checks above.
-    let resolve_model = || resolve_model_field(body.get("model"), upstream).map_err(RequestError::from_route);
+    let resolve_model =
+        || resolve_model_field_in(body.get("model"), upstream, registry).map_err(RequestError::from_route);
     let (model, controls) = match upstream {
         Upstream::V0_3_20 => (resolve_model()?, Controls::default()),
         Upstream::V0_4_15 => {

@@ -96,7 +96,7 @@ impl WorkerReport {
                 .iter()
                 .filter_map(|c| {
                     Some(LoadedCheckpoint {
-                        name: CheckpointName::from_name_or_alias(&c.name)?,
+                        name: CheckpointName::known(&c.name)?,
                         revision: c.revision.clone(),
                         sha256: c.weights_sha256.clone(),
                     })
@@ -127,7 +127,7 @@ impl WorkerReport {
             .iter()
             .filter_map(|w| {
                 Some(WarmupPoint {
-                    checkpoint: CheckpointName::from_name_or_alias(&w.checkpoint)?,
+                    checkpoint: CheckpointName::known(&w.checkpoint)?,
                     shape: ForwardShape {
                         rows: w.rows as usize,
                         padded_len: w.tokens_per_row as usize,

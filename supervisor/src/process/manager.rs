@@ -9,7 +9,7 @@
 //! Describe echoes the nonce given for this start; anything else answering there is never used.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -32,14 +32,16 @@ use crate::worker_kind;
 const CONNECT_EVERY: Duration = Duration::from_millis(50);
 
 /// Settings shared by every slot.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ManagerSettings {
     /// Directory of the worker binaries.
     pub binary_dir: PathBuf,
     /// Private directory for worker sockets.
     pub socket_dir: PathBuf,
-    /// Checkpoint directories by name, as resolved at start-up.
-    pub checkpoint_dirs: Vec<(CheckpointName, PathBuf)>,
+    /// Checkpoint directories by name, as resolved at start-up; a reload that adds or removes
+    /// extra checkpoints replaces the list (the directories of the others never change while
+    /// serving, so a worker of a pool being replaced restarts on the same files).
+    checkpoint_dirs: RwLock<Vec<(CheckpointName, PathBuf)>>,
     /// The restart policy every slot starts from.
     pub backoff: Backoff,
     /// How long a worker may take to load and warm before it is killed and restarted.
@@ -59,11 +61,16 @@ impl ManagerSettings {
         Self {
             binary_dir,
             socket_dir,
-            checkpoint_dirs,
+            checkpoint_dirs: RwLock::new(checkpoint_dirs),
             backoff: Backoff::new(&config.workers),
             startup_timeout: config.workers.startup_timeout,
             stop_timeout: config.workers.stop_timeout,
         }
+    }
+
+    /// The directories workers started from now on load (a reload's new checkpoint set).
+    pub fn set_checkpoint_dirs(&self, dirs: Vec<(CheckpointName, PathBuf)>) {
+        *self.checkpoint_dirs.write().unwrap_or_else(|p| p.into_inner()) = dirs;
     }
 }
 
@@ -82,6 +89,8 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
         socket: socket.clone(),
         checkpoints: settings
             .checkpoint_dirs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(name, _)| served.contains(name))
             .map(|(name, dir)| (name.as_str().to_owned(), dir.clone()))

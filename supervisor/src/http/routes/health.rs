@@ -24,6 +24,7 @@ pub async fn livez() -> Response {
 /// The served checkpoints no ready worker has loaded.
 fn unservable(app: &App, status: &BackendStatus) -> Vec<CheckpointName> {
     app.checkpoints
+        .current()
         .iter()
         .map(|(name, _)| name)
         .filter(|name| !status.servable(*name))
@@ -173,21 +174,25 @@ pub async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
     }
     let status = app.backend.status();
     let missing = unservable(&app, &status);
+    let served = app.checkpoints.current();
     let mut checkpoints = Map::new();
-    for (name, checkpoint) in app.checkpoints.iter() {
-        checkpoints.insert(
-            name.as_str().to_owned(),
-            json!({
-                "servable": !missing.contains(&name),
-                "revision": checkpoint.location.revision(),
-                "sha256": checkpoint.weights.sha256,
-                "path": checkpoint.location.dir.display().to_string(),
-            }),
-        );
+    for (name, checkpoint) in served.iter() {
+        let mut entry = json!({
+            "servable": !missing.contains(&name),
+            "revision": checkpoint.location.revision(),
+            "sha256": checkpoint.weights.sha256,
+            "path": checkpoint.location.dir.display().to_string(),
+        });
+        // A checkpoint of the operator's own (or a re-pointed built-in) says where it came from,
+        // as its answers' `routing.repo` does.
+        if !name.is_builtin() || served.registry().repo(name) != name.repo() {
+            entry["extra"] = json!(true);
+            entry["source"] = json!(served.registry().repo(name));
+        }
+        checkpoints.insert(name.as_str().to_owned(), entry);
     }
     // `loaded` keeps upstream's key for scripts that read it: the checkpoints that can answer now.
-    let loaded: Vec<&str> = app
-        .checkpoints
+    let loaded: Vec<&str> = served
         .iter()
         .map(|(name, _)| name)
         .filter(|name| !missing.contains(name))
