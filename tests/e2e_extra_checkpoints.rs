@@ -243,3 +243,58 @@ async fn an_extra_checkpoint_is_served_reloaded_out_and_in_under_load_and_a_brok
         "{log}"
     );
 }
+
+/// The first worker of the first pool in `/health`.
+fn first_worker(health: &Value) -> Value {
+    health["pools"][0]["workers"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_unloads_its_worker_and_the_next_request_loads_it_again() {
+    // Upstream's variable, as a laya-serve unit would set it: 1 s without a request.
+    let mut server = Server::start(&config(&[]), &[("LAYA_IDLE_UNLOAD_SECONDS", "1")]);
+    server.wait_ready(Duration::from_secs(180)).await;
+    let before = ask(&server, Some("english")).await;
+
+    // Requests closer together than the window keep it resident.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        ask(&server, None).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let busy = health(&server).await;
+    assert_eq!(first_worker(&busy)["state"], "ready", "{busy}");
+    assert_eq!(first_worker(&busy)["unloads"], 0, "{busy}");
+    let pid = first_worker(&busy)["pid"].as_u64().expect("pid");
+
+    // Idle for the window: the worker process is gone, the pool still counts as able to answer.
+    let unloaded = wait_for(&server, Duration::from_secs(20), "the worker never unloaded", |h| {
+        first_worker(h)["state"] == "unloaded"
+    })
+    .await;
+    let worker = first_worker(&unloaded);
+    assert_eq!(
+        (worker["unloads"].as_u64(), worker["pid"].is_null()),
+        (Some(1), true),
+        "{unloaded}"
+    );
+    let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err();
+    assert!(gone, "worker process {pid} still runs after the unload");
+    assert_eq!(unloaded["checkpoints"]["english"]["servable"], true, "{unloaded}");
+    assert_eq!(get(server.addr, "/readyz").await.expect("readyz").status, 200);
+
+    // The next request loads and warms it again, waits for that, and gets the same answer.
+    let after = ask(&server, Some("english")).await;
+    assert_eq!(after["answers"], before["answers"]);
+    let reloaded = health(&server).await;
+    let worker = first_worker(&reloaded);
+    assert_eq!(worker["state"], "ready", "{reloaded}");
+    let cost = worker["last_reload_ms"].as_f64().expect("last_reload_ms");
+    assert!(cost > 0.0, "{reloaded}");
+    let queue_ms = after["x_layad"]["queue_ms"].as_f64().expect("queue_ms");
+    assert!(
+        queue_ms >= cost * 0.5,
+        "the waking request waited {queue_ms} ms, the reload took {cost} ms"
+    );
+    assert!(worker["warmup"].as_array().is_some_and(|w| !w.is_empty()), "{reloaded}");
+}

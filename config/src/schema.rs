@@ -405,6 +405,11 @@ pub struct PoolConfig {
     /// How long a lone queued request may wait for others to share its forward pass.
     #[serde(default, with = "duration")]
     pub batch_wait: Duration,
+    /// Upstream's `LAYA_IDLE_UNLOAD_SECONDS`: after this long with nothing queued or running, the
+    /// pool's workers stop (their checkpoints leave memory) and the next request for the pool starts
+    /// them again (load and warm) and waits for them. `"0s"` (the default) keeps them resident.
+    #[serde(default, with = "duration", skip_serializing_if = "Duration::is_zero")]
+    pub idle_unload: Duration,
     /// `ane` pools: the directory of converted Core ML artifacts (`<dir>/<checkpoint>/L<bucket>/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts: Option<PathBuf>,
@@ -432,6 +437,7 @@ impl PoolConfig {
             max_tokens: None,
             buckets: Vec::new(),
             batch_wait: Duration::ZERO,
+            idle_unload: Duration::ZERO,
             artifacts: None,
             executor: AneExecutor::default(),
         }

@@ -46,14 +46,10 @@ pub struct Note {
 }
 
 /// Variables with no layad meaning, and why.
-const WITHOUT_MEANING: [(&str, &str); 11] = [
+const WITHOUT_MEANING: [(&str, &str); 10] = [
     (
         "LAYA_MAX_LOADED",
         "layad keeps every served checkpoint resident in its workers",
-    ),
-    (
-        "LAYA_IDLE_UNLOAD_SECONDS",
-        "idle unload is not implemented: checkpoints stay resident",
     ),
     (
         "LAYA_MAX_BATCH_TOKENS",
@@ -223,6 +219,9 @@ pub fn apply(
     }
     if let Some(value) = set("LAYA_MAX_CONCURRENT") {
         max_concurrent(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_IDLE_UNLOAD_SECONDS") {
+        idle_unload(&mut a, &value);
     }
     if set("LAYA_API_KEY").is_some() {
         // The key itself is read (and never shown) by `load::api_key`.
@@ -549,6 +548,44 @@ fn extra_models(a: &mut Applier, value: &str) {
         a.info(
             "LAYA_EXTRA_MODELS",
             format!("LAYA_EXTRA_MODELS: [checkpoints.extra] {}", applied.join(", ")),
+        );
+    }
+}
+
+/// `LAYA_IDLE_UNLOAD_SECONDS` (seconds, may be fractional) → every pool's `idle_unload`. As
+/// upstream: not a finite number is warned about and leaves idle unload off; zero or less is off.
+fn idle_unload(a: &mut Applier, value: &str) {
+    let seconds = match value.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() => s.max(0.0),
+        _ => {
+            a.warn(
+                "LAYA_IDLE_UNLOAD_SECONDS",
+                format!(
+                    "invalid LAYA_IDLE_UNLOAD_SECONDS {}; idle unload disabled",
+                    py_repr_str(value)
+                ),
+            );
+            0.0
+        }
+    };
+    let window = Duration::from_secs_f64(seconds.min(1e9));
+    let mut applied = Vec::new();
+    for i in 0..a.config.pools.len() {
+        let index = i.to_string();
+        if a.shadowed("LAYA_IDLE_UNLOAD_SECONDS", value, &["pool", &index, "idle_unload"]) {
+            continue;
+        }
+        a.config.pools[i].idle_unload = window;
+        applied.push(a.config.pools[i].name.clone());
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_IDLE_UNLOAD_SECONDS",
+            format!(
+                "LAYA_IDLE_UNLOAD_SECONDS={value}: idle_unload = {} in pool(s) {}",
+                crate::duration::format(window),
+                applied.join(", ")
+            ),
         );
     }
 }

@@ -273,20 +273,13 @@ fn variables_without_a_layad_meaning_are_warned_about() {
         None,
         &[
             ("LAYA_MAX_LOADED", "1"),
-            ("LAYA_IDLE_UNLOAD_SECONDS", "60"),
             ("LAYA_PRELOAD", "0"),
             ("LAYA_CPU_AMP", "bf16"),
             ("LAYA_ROOT_PATH", "/laya"),
         ],
     );
     assert_eq!(config, Config::default());
-    for variable in [
-        "LAYA_MAX_LOADED",
-        "LAYA_IDLE_UNLOAD_SECONDS",
-        "LAYA_PRELOAD",
-        "LAYA_CPU_AMP",
-        "LAYA_ROOT_PATH",
-    ] {
+    for variable in ["LAYA_MAX_LOADED", "LAYA_PRELOAD", "LAYA_CPU_AMP", "LAYA_ROOT_PATH"] {
         let n = note(&notes, variable);
         assert_eq!(n.level, NoteLevel::Warn, "{variable}");
         assert!(n.message.contains("no effect"), "{variable}: {}", n.message);
@@ -455,4 +448,26 @@ fn a_bad_laya_extra_models_refuses_to_start_naming_the_problem() {
             .message
             .contains("\"mine\" is no built-in checkpoint and no [checkpoints.extra] entry")
     );
+}
+
+#[test]
+fn laya_idle_unload_seconds_sets_every_pools_idle_unload_as_upstream_reads_it() {
+    let (config, notes) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", " 2.5 ")]);
+    assert_eq!(config.pools[0].idle_unload, Duration::from_millis(2500));
+    assert_eq!(note(&notes, "LAYA_IDLE_UNLOAD_SECONDS").level, NoteLevel::Info);
+    for (value, window) in [("-3", Duration::ZERO), ("0", Duration::ZERO)] {
+        let (config, _) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", value)]);
+        assert_eq!(config.pools[0].idle_unload, window, "{value}");
+    }
+    let (config, notes) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", "soon")]);
+    assert_eq!(config.pools[0].idle_unload, Duration::ZERO);
+    let warned = notes.iter().find(|n| n.level == NoteLevel::Warn).expect("warned");
+    assert!(
+        warned.message.contains("invalid LAYA_IDLE_UNLOAD_SECONDS 'soon'"),
+        "{}",
+        warned.message
+    );
+    let file = ConfigFile::new("[[pool]]\nname = \"p\"\nidle_unload = \"30s\"\n");
+    let (config, _) = loaded(Some(&file), &[]);
+    assert_eq!(config.pools[0].idle_unload, Duration::from_secs(30));
 }

@@ -52,7 +52,7 @@ fn overall(status: &BackendStatus, missing: &[CheckpointName]) -> &'static str {
         || workers().any(|w| matches!(w.state, WorkerState::Restarting | WorkerState::Failed));
     if troubled {
         "degraded"
-    } else if missing.is_empty() && workers().all(|w| w.state == WorkerState::Ready) {
+    } else if missing.is_empty() && workers().all(|w| matches!(w.state, WorkerState::Ready | WorkerState::Unloaded)) {
         "ok"
     } else {
         "starting"
@@ -90,6 +90,10 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         "stderr_tail": worker.stderr_tail,
         "warmup": warmup,
         "parity_gate": worker.parity_gate.iter().map(parity_json).collect::<Vec<_>>(),
+        // Idle unload: a worker "unloaded" holds no checkpoint in memory (`checkpoints` says what
+        // it loads again); `last_reload_ms` is what waking it cost the request that did.
+        "unloads": worker.unloads,
+        "last_reload_ms": worker.last_reload_ms,
     })
 }
 
