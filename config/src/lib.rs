@@ -22,7 +22,7 @@ pub mod upstream_env;
 pub use error::{ConfigError, Problem};
 pub use load::{Flags, Sources};
 pub use schema::{
-    AneExecutor, ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, LogFormat, LoggingConfig,
-    PoolConfig, QueueOrder, SchedulingConfig, ServerConfig, WorkerKind, WorkersConfig,
+    AneExecutor, ApiKey, CheckpointSource, CheckpointsConfig, Config, Device, Dtype, ExtraSource, LogFormat,
+    LoggingConfig, PoolConfig, QueueOrder, SchedulingConfig, ServerConfig, WorkerKind, WorkersConfig,
 };
 pub use upstream_env::{Note, NoteLevel};

@@ -398,7 +398,33 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
         );
     }
 
+    let mut canonical: Vec<(CheckpointName, &str)> = Vec::new();
+    for raw in config.checkpoints.extra.keys() {
+        match CheckpointName::register(raw) {
+            Err(why) => report(&["checkpoints", "extra", raw], why),
+            Ok(name) => match canonical.iter().find(|(n, _)| *n == name) {
+                Some((_, other)) => report(
+                    &["checkpoints", "extra", raw],
+                    format!("names the same checkpoint as {other:?} ({:?}); keep one", name.as_str()),
+                ),
+                None => canonical.push((name, raw)),
+            },
+        }
+    }
     let served = config.served_checkpoints();
+    let is_served = |name: &CheckpointName| served.iter().any(|(n, _)| n == name);
+    if let Some(default) = config.compat.default_checkpoint
+        && !default.is_builtin()
+        && !is_served(&default)
+    {
+        report(
+            &["compat", "default_checkpoint"],
+            format!(
+                "{:?} is no built-in checkpoint and no [checkpoints.extra] entry",
+                default.as_str()
+            ),
+        );
+    }
     if served.is_empty() {
         report(
             &["checkpoints"],
@@ -515,10 +541,18 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             for (j, name) in list.iter().enumerate() {
                 if list[..j].contains(name) {
                     report_pool("checkpoints", format!("{:?} is listed twice", name.as_str()));
-                } else if *config.checkpoints.source(*name) == CheckpointSource::Off {
+                } else if !is_served(name) && name.is_builtin() {
                     report_pool(
                         "checkpoints",
                         format!("{:?} is \"off\" in [checkpoints]", name.as_str()),
+                    );
+                } else if !is_served(name) {
+                    report_pool(
+                        "checkpoints",
+                        format!(
+                            "{:?} is no built-in checkpoint and no [checkpoints.extra] entry",
+                            name.as_str()
+                        ),
                     );
                 }
             }
@@ -595,7 +629,7 @@ fn resolve_relative_paths(config: &mut Config, origins: &Origins) {
         }
     };
     for name in CheckpointName::ALL {
-        if let CheckpointSource::Directory(dir) = config.checkpoints.source_mut(name) {
+        if let Some(CheckpointSource::Directory(dir)) = config.checkpoints.source_mut(name) {
             resolve(dir, &["checkpoints", name.as_str()]);
         }
     }

@@ -1,6 +1,7 @@
 //! The configuration's shape: every section and key, its type and its default, as serde structs.
 //! `config/README.md` documents each key; `examples/defaults.toml` spells out every default.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -56,13 +57,27 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The checkpoints this server answers with, in upstream's order, with where each comes from.
-    pub fn served_checkpoints(&self) -> Vec<(CheckpointName, &CheckpointSource)> {
-        CheckpointName::ALL
+    /// The checkpoints this server answers with, with where each comes from: the built-ins in
+    /// upstream's order (a `[checkpoints.extra]` entry under a built-in's name or alias re-points it,
+    /// as upstream's `LAYA_EXTRA_MODELS` does), then the extra checkpoints by name. An extra entry
+    /// whose name is invalid is left out here; validation reports it.
+    pub fn served_checkpoints(&self) -> Vec<(CheckpointName, CheckpointSource)> {
+        let extras = self.checkpoints.registered();
+        let mut served: Vec<(CheckpointName, CheckpointSource)> = CheckpointName::ALL
             .into_iter()
-            .map(|name| (name, self.checkpoints.source(name)))
-            .filter(|(_, source)| **source != CheckpointSource::Off)
-            .collect()
+            .map(|name| match extras.iter().find(|(n, _)| *n == name) {
+                Some((_, extra)) => (name, CheckpointSource::Registered((*extra).clone())),
+                None => (name, self.checkpoints.source(name).clone()),
+            })
+            .filter(|(_, source)| *source != CheckpointSource::Off)
+            .collect();
+        served.extend(
+            extras
+                .into_iter()
+                .filter(|(name, _)| !name.is_builtin())
+                .map(|(name, extra)| (name, CheckpointSource::Registered(extra.clone()))),
+        );
+        served
     }
 
     /// The checkpoints a pool runs: its `checkpoints` list, or every served checkpoint.
@@ -183,6 +198,11 @@ pub struct CheckpointsConfig {
     /// Where `typed-decisions` comes from.
     #[serde(rename = "typed-decisions")]
     pub typed_decisions: CheckpointSource,
+    /// `[checkpoints.extra]`: checkpoints of the operator's own, by name, in upstream's
+    /// `LAYA_EXTRA_MODELS` syntax (a directory, a Hub repo id, or `[repo, subfolder]`). A built-in
+    /// name or alias re-points that checkpoint.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, ExtraSource>,
 }
 
 impl Default for CheckpointsConfig {
@@ -191,27 +211,105 @@ impl Default for CheckpointsConfig {
             english: CheckpointSource::HfCache,
             multilingual: CheckpointSource::HfCache,
             typed_decisions: CheckpointSource::HfCache,
+            extra: BTreeMap::new(),
         }
     }
 }
 
 impl CheckpointsConfig {
-    /// The entry for one checkpoint.
+    /// The entry for one built-in checkpoint (`Off` for any other name: those live in `extra`).
     pub fn source(&self, name: CheckpointName) -> &CheckpointSource {
         match name {
             CheckpointName::English => &self.english,
             CheckpointName::Multilingual => &self.multilingual,
             CheckpointName::TypedDecisions => &self.typed_decisions,
+            _ => &CheckpointSource::Off,
         }
     }
 
-    /// The entry for one checkpoint, to change it.
-    pub fn source_mut(&mut self, name: CheckpointName) -> &mut CheckpointSource {
+    /// The entry for one built-in checkpoint, to change it; `None` for any other name.
+    pub fn source_mut(&mut self, name: CheckpointName) -> Option<&mut CheckpointSource> {
         match name {
-            CheckpointName::English => &mut self.english,
-            CheckpointName::Multilingual => &mut self.multilingual,
-            CheckpointName::TypedDecisions => &mut self.typed_decisions,
+            CheckpointName::English => Some(&mut self.english),
+            CheckpointName::Multilingual => Some(&mut self.multilingual),
+            CheckpointName::TypedDecisions => Some(&mut self.typed_decisions),
+            _ => None,
         }
+    }
+
+    /// `[checkpoints.extra]` under canonical names (upstream's `canonical_name`: trimmed,
+    /// lower-cased, aliases resolved), in name order; entries with an invalid name are left out.
+    pub fn registered(&self) -> Vec<(CheckpointName, &ExtraSource)> {
+        self.extra
+            .iter()
+            .filter_map(|(name, source)| CheckpointName::register(name).ok().map(|n| (n, source)))
+            .collect()
+    }
+}
+
+/// Where an extra checkpoint's files are, in upstream's `LAYA_EXTRA_MODELS` syntax: a local
+/// checkpoint directory or a Hugging Face repo id (`"me/laya-ft"`), optionally with a subfolder
+/// (`["me/laya-bundle", "legal"]`). Which of the two a string is, is decided when it is opened, as
+/// upstream's `Agent` does: an existing path (or one written as a path) is a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtraSource {
+    /// The repo id or directory.
+    pub source: String,
+    /// The subfolder inside it, if any.
+    pub subfolder: Option<String>,
+}
+
+impl ExtraSource {
+    /// Upstream's `_repo_str`: `repo/subfolder`, or `repo` (the `routing.repo` string).
+    pub fn repo_string(&self) -> String {
+        match self.subfolder.as_deref() {
+            Some(sub) if !sub.is_empty() => format!("{}/{sub}", self.source),
+            _ => self.source.clone(),
+        }
+    }
+}
+
+impl Serialize for ExtraSource {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.subfolder {
+            None => serializer.serialize_str(&self.source),
+            Some(sub) => serializer.collect_seq([&self.source, sub]),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ExtraSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ExtraSource;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(r#"a checkpoint directory, a Hugging Face repo id, or a ["repo", "subfolder"] pair"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<ExtraSource, E> {
+                if value.trim().is_empty() {
+                    return Err(E::invalid_value(serde::de::Unexpected::Str(value), &self));
+                }
+                Ok(ExtraSource {
+                    source: value.to_owned(),
+                    subfolder: None,
+                })
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ExtraSource, A::Error> {
+                let source: String = seq
+                    .next_element()?
+                    .ok_or_else(|| serde::de::Error::invalid_length(0, &self))?;
+                let subfolder: Option<Option<String>> = seq.next_element()?;
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(serde::de::Error::invalid_length(3, &self));
+                }
+                self.visit_str::<A::Error>(&source).map(|mut extra| {
+                    extra.subfolder = subfolder.flatten().filter(|s| !s.is_empty());
+                    extra
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -224,6 +322,9 @@ pub enum CheckpointSource {
     Directory(PathBuf),
     /// Not served: requests routed to it are answered 503.
     Off,
+    /// A checkpoint of the operator's own, or a built-in re-pointed by `[checkpoints.extra]`
+    /// (never written in `[checkpoints]` itself: [`Config::served_checkpoints`] yields it).
+    Registered(ExtraSource),
 }
 
 impl Serialize for CheckpointSource {
@@ -232,6 +333,7 @@ impl Serialize for CheckpointSource {
             CheckpointSource::HfCache => serializer.serialize_str("hf"),
             CheckpointSource::Off => serializer.serialize_str("off"),
             CheckpointSource::Directory(dir) => dir.serialize(serializer),
+            CheckpointSource::Registered(extra) => extra.serialize(serializer),
         }
     }
 }
@@ -303,6 +405,11 @@ pub struct PoolConfig {
     /// How long a lone queued request may wait for others to share its forward pass.
     #[serde(default, with = "duration")]
     pub batch_wait: Duration,
+    /// Upstream's `LAYA_IDLE_UNLOAD_SECONDS`: after this long with nothing queued or running, the
+    /// pool's workers stop (their checkpoints leave memory) and the next request for the pool starts
+    /// them again (load and warm) and waits for them. `"0s"` (the default) keeps them resident.
+    #[serde(default, with = "duration", skip_serializing_if = "Duration::is_zero")]
+    pub idle_unload: Duration,
     /// `ane` pools: the directory of converted Core ML artifacts (`<dir>/<checkpoint>/L<bucket>/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts: Option<PathBuf>,
@@ -330,6 +437,7 @@ impl PoolConfig {
             max_tokens: None,
             buckets: Vec::new(),
             batch_wait: Duration::ZERO,
+            idle_unload: Duration::ZERO,
             artifacts: None,
             executor: AneExecutor::default(),
         }
@@ -674,17 +782,15 @@ mod output_profile {
     }
 }
 
-/// A canonical checkpoint name.
+/// A canonical checkpoint name: a built-in, or (written exactly as registered, lower case) the
+/// name of a `[checkpoints.extra]` entry, which validation then checks is served.
 fn parse_checkpoint_name<E: serde::de::Error>(name: &str) -> Result<CheckpointName, E> {
-    CheckpointName::ALL
-        .into_iter()
-        .find(|c| c.as_str() == name)
-        .ok_or_else(|| {
-            E::invalid_value(
-                serde::de::Unexpected::Str(name),
-                &"one of \"english\", \"multilingual\", \"typed-decisions\"",
-            )
-        })
+    let expected =
+        "one of \"english\", \"multilingual\", \"typed-decisions\" or the name of a [checkpoints.extra] entry";
+    match CheckpointName::register(name) {
+        Ok(checkpoint) if checkpoint.as_str() == name => Ok(checkpoint),
+        _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &expected)),
+    }
 }
 
 /// `compat.default_checkpoint`: one canonical checkpoint name, or absent.

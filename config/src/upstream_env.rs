@@ -22,7 +22,7 @@ use laya::routing::{CheckpointName, unknown_model_name};
 use laya::upstream::Upstream;
 
 use crate::error::Problem;
-use crate::schema::{CheckpointSource, Config, Device, WorkerKind};
+use crate::schema::{CheckpointSource, Config, Device, ExtraSource, WorkerKind};
 
 /// How loud a note is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,18 +46,10 @@ pub struct Note {
 }
 
 /// Variables with no layad meaning, and why.
-const WITHOUT_MEANING: [(&str, &str); 12] = [
+const WITHOUT_MEANING: [(&str, &str); 10] = [
     (
         "LAYA_MAX_LOADED",
         "layad keeps every served checkpoint resident in its workers",
-    ),
-    (
-        "LAYA_IDLE_UNLOAD_SECONDS",
-        "idle unload is not implemented: checkpoints stay resident",
-    ),
-    (
-        "LAYA_EXTRA_MODELS",
-        "extra checkpoints are not served yet; a request naming one is routed as if it named none",
     ),
     (
         "LAYA_MAX_BATCH_TOKENS",
@@ -176,6 +168,10 @@ pub fn apply(
     if let Some(value) = set("LAYA_THREADS") {
         threads(&mut a, &value);
     }
+    // Before LAYA_MODELS and LAYA_DEFAULT_MODEL, which may name the checkpoints it registers.
+    if let Some(value) = set("LAYA_EXTRA_MODELS") {
+        extra_models(&mut a, &value);
+    }
     if let Some(value) = set("LAYA_MODELS") {
         models(&mut a, &value);
     }
@@ -223,6 +219,9 @@ pub fn apply(
     }
     if let Some(value) = set("LAYA_MAX_CONCURRENT") {
         max_concurrent(&mut a, &value);
+    }
+    if let Some(value) = set("LAYA_IDLE_UNLOAD_SECONDS") {
+        idle_unload(&mut a, &value);
     }
     if set("LAYA_API_KEY").is_some() {
         // The key itself is read (and never shown) by `load::api_key`.
@@ -404,8 +403,11 @@ fn threads(a: &mut Applier, value: &str) {
 /// operator asked for). An unknown name refuses to start, as upstream's preload raises.
 fn models(a: &mut Applier, value: &str) {
     let mut listed = Vec::new();
+    let registered = a.config.checkpoints.registered();
+    let extra_names: Vec<CheckpointName> = registered.iter().map(|(n, _)| *n).collect();
     for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match CheckpointName::from_name_or_alias(name) {
+        let extra = || CheckpointName::register(name).ok().filter(|n| extra_names.contains(n));
+        match CheckpointName::from_name_or_alias(name).or_else(extra) {
             Some(c) => {
                 if !listed.contains(&c) {
                     listed.push(c);
@@ -425,13 +427,35 @@ fn models(a: &mut Applier, value: &str) {
         if a.shadowed("LAYA_MODELS", value, &["checkpoints", name.as_str()]) {
             continue;
         }
-        let source = a.config.checkpoints.source_mut(name);
+        let Some(source) = a.config.checkpoints.source_mut(name) else {
+            continue;
+        };
         if listed.contains(&name) {
             if *source == CheckpointSource::Off {
                 *source = CheckpointSource::HfCache;
             }
         } else {
             *source = CheckpointSource::Off;
+            off.push(name.as_str());
+        }
+    }
+    // An unlisted extra checkpoint (or a re-pointed built-in) is not served either.
+    let unlisted: Vec<String> = a
+        .config
+        .checkpoints
+        .extra
+        .keys()
+        .filter(|raw| CheckpointName::register(raw).is_ok_and(|n| !listed.contains(&n)))
+        .cloned()
+        .collect();
+    for raw in unlisted {
+        if a.shadowed("LAYA_MODELS", value, &["checkpoints", "extra", &raw]) {
+            continue;
+        }
+        a.config.checkpoints.extra.remove(&raw);
+        if let Ok(name) = CheckpointName::register(&raw)
+            && !name.is_builtin()
+        {
             off.push(name.as_str());
         }
     }
@@ -444,6 +468,126 @@ fn models(a: &mut Applier, value: &str) {
         ));
     }
     a.info("LAYA_MODELS", message);
+}
+
+/// `LAYA_EXTRA_MODELS` (a JSON object `{name: source}`, a source being a directory, a Hub repo id,
+/// or a `[repo, subfolder]` pair) → `[checkpoints.extra]`, entry by entry over the file's. A value
+/// that is not such an object, or a name upstream's `Router._add` refuses, refuses to start, as
+/// upstream exits: a checkpoint silently missing would answer its requests with another one.
+fn extra_models(a: &mut Applier, value: &str) {
+    let refuse = |a: &mut Applier, message: String| {
+        a.problem(
+            "checkpoints.extra",
+            "LAYA_EXTRA_MODELS",
+            format!("invalid LAYA_EXTRA_MODELS: {message}"),
+        );
+    };
+    let parsed: serde_json::Value = match serde_json::from_str(value.trim()) {
+        Ok(parsed) => parsed,
+        Err(error) => return refuse(a, format!("not a JSON object ({error})")),
+    };
+    let serde_json::Value::Object(entries) = parsed else {
+        let kind = match parsed {
+            serde_json::Value::Array(_) => "list",
+            serde_json::Value::String(_) => "str",
+            serde_json::Value::Number(ref n) if n.is_f64() => "float",
+            serde_json::Value::Number(_) => "int",
+            serde_json::Value::Bool(_) => "bool",
+            _ => "NoneType",
+        };
+        return refuse(a, format!("a JSON object {{name: source}}, got {kind}"));
+    };
+    let mut applied = Vec::new();
+    for (raw, source) in entries {
+        let source = match source {
+            serde_json::Value::String(s) if !s.trim().is_empty() => ExtraSource {
+                source: s,
+                subfolder: None,
+            },
+            serde_json::Value::Array(items) if !items.is_empty() && items.len() <= 2 && items[0].is_string() => {
+                ExtraSource {
+                    source: items[0].as_str().unwrap_or_default().to_owned(),
+                    subfolder: items
+                        .get(1)
+                        .and_then(|s| s.as_str())
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned),
+                }
+            }
+            other => {
+                let kind = if other.is_array() {
+                    "a list that is not [repo, subfolder]"
+                } else {
+                    "not a string"
+                };
+                return refuse(
+                    a,
+                    format!(
+                        "source for {} must be a repo id, a local path, or a [repo, subfolder] pair; got {kind}",
+                        py_repr_str(&raw)
+                    ),
+                );
+            }
+        };
+        let name = match CheckpointName::register(&raw) {
+            Ok(name) => name,
+            Err(why) => return refuse(a, why),
+        };
+        if a.shadowed("LAYA_EXTRA_MODELS", value, &["checkpoints", "extra", &raw]) {
+            continue;
+        }
+        // One entry per canonical name: the variable's replaces the file's, however spelt.
+        a.config
+            .checkpoints
+            .extra
+            .retain(|key, _| CheckpointName::register(key).ok() != Some(name));
+        applied.push(format!("{} = {}", name.as_str(), source.repo_string()));
+        a.config.checkpoints.extra.insert(name.as_str().to_owned(), source);
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_EXTRA_MODELS",
+            format!("LAYA_EXTRA_MODELS: [checkpoints.extra] {}", applied.join(", ")),
+        );
+    }
+}
+
+/// `LAYA_IDLE_UNLOAD_SECONDS` (seconds, may be fractional) → every pool's `idle_unload`. As
+/// upstream: not a finite number is warned about and leaves idle unload off; zero or less is off.
+fn idle_unload(a: &mut Applier, value: &str) {
+    let seconds = match value.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() => s.max(0.0),
+        _ => {
+            a.warn(
+                "LAYA_IDLE_UNLOAD_SECONDS",
+                format!(
+                    "invalid LAYA_IDLE_UNLOAD_SECONDS {}; idle unload disabled",
+                    py_repr_str(value)
+                ),
+            );
+            0.0
+        }
+    };
+    let window = Duration::from_secs_f64(seconds.min(1e9));
+    let mut applied = Vec::new();
+    for i in 0..a.config.pools.len() {
+        let index = i.to_string();
+        if a.shadowed("LAYA_IDLE_UNLOAD_SECONDS", value, &["pool", &index, "idle_unload"]) {
+            continue;
+        }
+        a.config.pools[i].idle_unload = window;
+        applied.push(a.config.pools[i].name.clone());
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_IDLE_UNLOAD_SECONDS",
+            format!(
+                "LAYA_IDLE_UNLOAD_SECONDS={value}: idle_unload = {} in pool(s) {}",
+                crate::duration::format(window),
+                applied.join(", ")
+            ),
+        );
+    }
 }
 
 /// `LAYA_LOG_LEVEL` (uvicorn's levels) → `logging.filter`.
@@ -478,7 +622,14 @@ fn log_level(a: &mut Applier, value: &str) {
 
 /// `LAYA_DEFAULT_MODEL` → `compat.default_checkpoint`; an unknown name refuses to start.
 fn default_model(a: &mut Applier, value: &str) {
-    let Some(name) = CheckpointName::from_name_or_alias(value) else {
+    // A registered name is a valid default once registered (upstream: `canonical_name(raw) in
+    // extra_models`); the refusal still lists only the built-ins, as upstream's does.
+    let registered = || {
+        CheckpointName::register(value)
+            .ok()
+            .filter(|n| a.config.checkpoints.registered().iter().any(|(r, _)| r == n))
+    };
+    let Some(name) = CheckpointName::from_name_or_alias(value).or_else(registered) else {
         a.problem(
             "compat.default_checkpoint",
             "LAYA_DEFAULT_MODEL",

@@ -69,7 +69,7 @@ fn no_file_gives_the_embedded_defaults() {
         config
             .served_checkpoints()
             .iter()
-            .all(|(_, source)| **source == CheckpointSource::HfCache)
+            .all(|(_, source)| *source == CheckpointSource::HfCache)
     );
     assert_eq!(config.pools.len(), 1);
     let pool = &config.pools[0];
@@ -232,10 +232,17 @@ fn bad_values_name_key_origin_and_what_was_expected() {
     assert_eq!(problem.key, "server.body_timeout");
     assert_eq!(problem.origin, "environment variable LAYAD_SERVER__BODY_TIMEOUT");
 
-    let file = ConfigFile::new("[[pool]]\nname = \"gpu\"\ncheckpoints = [\"english\", \"french\"]\n");
+    let file = ConfigFile::new(
+        "[[pool]]\nname = \"gpu\"\ncheckpoints = [\"english\", \"multilingual\", \"typed-decisions\", \"french\"]\n",
+    );
     let problem = only_problem(load(Some(&file), &[]));
     assert_eq!(problem.key, "pool[0].checkpoints");
-    assert!(problem.message.contains("french"), "{problem}");
+    assert!(
+        problem
+            .message
+            .contains("\"french\" is no built-in checkpoint and no [checkpoints.extra] entry"),
+        "{problem}"
+    );
 
     let file = ConfigFile::new("[[pool]]\nworkers = 2\n");
     let problem = only_problem(load(Some(&file), &[]));

@@ -273,22 +273,13 @@ fn variables_without_a_layad_meaning_are_warned_about() {
         None,
         &[
             ("LAYA_MAX_LOADED", "1"),
-            ("LAYA_IDLE_UNLOAD_SECONDS", "60"),
-            ("LAYA_EXTRA_MODELS", "{\"mine\": \"/srv/ckpt\"}"),
             ("LAYA_PRELOAD", "0"),
             ("LAYA_CPU_AMP", "bf16"),
             ("LAYA_ROOT_PATH", "/laya"),
         ],
     );
     assert_eq!(config, Config::default());
-    for variable in [
-        "LAYA_MAX_LOADED",
-        "LAYA_IDLE_UNLOAD_SECONDS",
-        "LAYA_EXTRA_MODELS",
-        "LAYA_PRELOAD",
-        "LAYA_CPU_AMP",
-        "LAYA_ROOT_PATH",
-    ] {
+    for variable in ["LAYA_MAX_LOADED", "LAYA_PRELOAD", "LAYA_CPU_AMP", "LAYA_ROOT_PATH"] {
         let n = note(&notes, variable);
         assert_eq!(n.level, NoteLevel::Warn, "{variable}");
         assert!(n.message.contains("no effect"), "{variable}: {}", n.message);
@@ -357,4 +348,137 @@ fn a_tournament_group_from_the_file_is_validated_and_warned_about_only_under_0_3
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert_eq!(notes[0].level, NoteLevel::Warn);
     assert!(notes[0].message.contains("no tournament mode"), "{notes:?}");
+}
+
+fn extra(source: &str, subfolder: Option<&str>) -> layad_config::ExtraSource {
+    layad_config::ExtraSource {
+        source: source.to_owned(),
+        subfolder: subfolder.map(str::to_owned),
+    }
+}
+
+#[test]
+fn extra_checkpoints_come_from_the_file_and_laya_extra_models_in_upstreams_syntax() {
+    let file =
+        ConfigFile::new("[checkpoints.extra]\nlegal = [\"me/laya-bundle\", \"legal\"]\nmine = \"/srv/old-mine\"\n");
+    let (config, notes) = loaded(
+        Some(&file),
+        &[(
+            "LAYA_EXTRA_MODELS",
+            r#"{"Mine": "/srv/mine", "papers": "me/laya-papers", "EN": ["me/laya-ft", null]}"#,
+        )],
+    );
+    let served: Vec<(&str, CheckpointSource)> = config
+        .served_checkpoints()
+        .into_iter()
+        .map(|(name, source)| (name.as_str(), source))
+        .collect();
+    assert_eq!(
+        served,
+        [
+            // A built-in's alias re-points it, as upstream's `Router._add` does.
+            ("english", CheckpointSource::Registered(extra("me/laya-ft", None))),
+            ("multilingual", CheckpointSource::HfCache),
+            ("typed-decisions", CheckpointSource::HfCache),
+            (
+                "legal",
+                CheckpointSource::Registered(extra("me/laya-bundle", Some("legal")))
+            ),
+            // The variable's entry replaces the file's, however the name is spelt.
+            ("mine", CheckpointSource::Registered(extra("/srv/mine", None))),
+            ("papers", CheckpointSource::Registered(extra("me/laya-papers", None))),
+        ]
+    );
+    let note = note(&notes, "LAYA_EXTRA_MODELS");
+    assert_eq!(note.level, NoteLevel::Info);
+    assert!(note.message.contains("mine = /srv/mine"), "{}", note.message);
+    // LAYA_MODELS and LAYA_DEFAULT_MODEL may name a registered checkpoint; unlisted ones are not served.
+    let (config, _) = loaded(
+        None,
+        &[
+            ("LAYA_EXTRA_MODELS", r#"{"mine": "/srv/mine", "other": "/srv/other"}"#),
+            ("LAYA_MODELS", "english,Mine"),
+            ("LAYA_DEFAULT_MODEL", "mine"),
+        ],
+    );
+    let names: Vec<&str> = config
+        .served_checkpoints()
+        .into_iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(names, ["english", "mine"]);
+    assert_eq!(config.compat.default_checkpoint.map(|c| c.as_str()), Some("mine"));
+}
+
+#[test]
+fn a_bad_laya_extra_models_refuses_to_start_naming_the_problem() {
+    for (value, says) in [
+        (
+            "[1, 2]",
+            "invalid LAYA_EXTRA_MODELS: a JSON object {name: source}, got list",
+        ),
+        ("{nope", "invalid LAYA_EXTRA_MODELS: not a JSON object"),
+        (
+            r#"{"mine": 3}"#,
+            "invalid LAYA_EXTRA_MODELS: source for 'mine' must be a repo id",
+        ),
+        (
+            r#"{"a/b": "/srv/x"}"#,
+            "invalid LAYA_EXTRA_MODELS: invalid checkpoint name 'a/b'",
+        ),
+        (r#"{"auto": "/srv/x"}"#, "'auto' means automatic routing"),
+    ] {
+        let problem = only_problem(load(None, &[("LAYA_EXTRA_MODELS", value)], None));
+        assert_eq!(problem.key, "checkpoints.extra", "{value}");
+        assert_eq!(problem.origin, "environment variable LAYA_EXTRA_MODELS", "{value}");
+        assert!(problem.message.contains(says), "{value}: {}", problem.message);
+    }
+    // In the file: an invalid name, two spellings of one name, a pool naming an unknown one.
+    let file = ConfigFile::new("[checkpoints.extra]\n\"My Model\" = \"/srv/x\"\n");
+    let problem = only_problem(load(Some(&file), &[], None));
+    assert_eq!(problem.key, "checkpoints.extra.My Model");
+    assert!(
+        problem.message.starts_with("invalid checkpoint name 'My Model'"),
+        "{}",
+        problem.message
+    );
+    let file = ConfigFile::new("[checkpoints.extra]\nMine = \"/srv/x\"\nmine = \"/srv/y\"\n");
+    let problem = only_problem(load(Some(&file), &[], None));
+    assert!(
+        problem.message.contains("names the same checkpoint as"),
+        "{}",
+        problem.message
+    );
+    let file = ConfigFile::new(
+        "[[pool]]\nname = \"p\"\ncheckpoints = [\"english\", \"multilingual\", \"typed-decisions\", \"mine\"]\n",
+    );
+    let problem = only_problem(load(Some(&file), &[], None));
+    assert_eq!(problem.key, "pool[0].checkpoints");
+    assert!(
+        problem
+            .message
+            .contains("\"mine\" is no built-in checkpoint and no [checkpoints.extra] entry")
+    );
+}
+
+#[test]
+fn laya_idle_unload_seconds_sets_every_pools_idle_unload_as_upstream_reads_it() {
+    let (config, notes) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", " 2.5 ")]);
+    assert_eq!(config.pools[0].idle_unload, Duration::from_millis(2500));
+    assert_eq!(note(&notes, "LAYA_IDLE_UNLOAD_SECONDS").level, NoteLevel::Info);
+    for (value, window) in [("-3", Duration::ZERO), ("0", Duration::ZERO)] {
+        let (config, _) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", value)]);
+        assert_eq!(config.pools[0].idle_unload, window, "{value}");
+    }
+    let (config, notes) = loaded(None, &[("LAYA_IDLE_UNLOAD_SECONDS", "soon")]);
+    assert_eq!(config.pools[0].idle_unload, Duration::ZERO);
+    let warned = notes.iter().find(|n| n.level == NoteLevel::Warn).expect("warned");
+    assert!(
+        warned.message.contains("invalid LAYA_IDLE_UNLOAD_SECONDS 'soon'"),
+        "{}",
+        warned.message
+    );
+    let file = ConfigFile::new("[[pool]]\nname = \"p\"\nidle_unload = \"30s\"\n");
+    let (config, _) = loaded(Some(&file), &[]);
+    assert_eq!(config.pools[0].idle_unload, Duration::from_secs(30));
 }

@@ -13,7 +13,7 @@ use laya::checkpoint::{Checkpoint, find_in_hf_cache};
 use laya::decision::{DecisionOptions, prepare};
 use laya::output::OutputProfile;
 use laya::request::{RequestLimits, parse_body_in};
-use laya::routing::CheckpointName;
+use laya::routing::{CheckpointName, Registry};
 use laya::upstream::Upstream;
 use libfuzzer_sys::fuzz_target;
 
@@ -50,7 +50,13 @@ fuzz_target!(|data: &[u8]| {
         default_checkpoint: None,
     };
     let checkpoints = checkpoints();
-    let request = match parse_body_in(body, options.upstream, options.output, options.limits) {
+    let request = match parse_body_in(
+        body,
+        options.upstream,
+        options.output,
+        options.limits,
+        Registry::builtin_only(),
+    ) {
         Ok(request) => request,
         Err(error) => {
             assert!(

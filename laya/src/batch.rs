@@ -17,7 +17,7 @@ use crate::request::{
     check_option_counts, decode_like_python, hooks_refused, lone_surrogate_refused, mask_lone_surrogates, no_questions,
     read_controls, state_chars_0_4,
 };
-use crate::routing::{CheckpointName, resolve_model_field};
+use crate::routing::{CheckpointName, Registry, resolve_model_field_in};
 use crate::upstream::Upstream;
 
 /// Most states in one batch (`MAX_BATCH_STATES`).
@@ -85,16 +85,17 @@ fn check_state(state: &Value, questions: &Value, limits: RequestLimits) -> Resul
 /// `_systemone_batch_inner` up to the inference call). Routing (an unknown `task`) and question
 /// validation come after, per state, as for a single request.
 pub fn parse_batch_body(bytes: &[u8], limits: RequestLimits) -> Result<BatchRequest, RequestError> {
-    parse_batch_body_in(bytes, OutputProfile::Laya, limits)
+    parse_batch_body_in(bytes, OutputProfile::Laya, limits, Registry::builtin_only())
 }
 
-/// [`parse_batch_body`] for a server in the `output` profile: under `jev`, `model` is read as the
-/// Jev API reads it and an empty `questions` is refused, as for a single request
-/// (`crate::request::parse_body_in`).
+/// [`parse_batch_body`] for a server in the `output` profile that may have registered checkpoints
+/// of its own (`model` may name them): under `jev`, `model` is read as the Jev API reads it and an
+/// empty `questions` is refused, as for a single request (`crate::request::parse_body_in`).
 pub fn parse_batch_body_in(
     bytes: &[u8],
     output: OutputProfile,
     limits: RequestLimits,
+    registry: &Registry,
 ) -> Result<BatchRequest, RequestError> {
     let invalid_json = || RequestError::new(400, "request body must be valid JSON").at(&[], "json_invalid");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
@@ -154,9 +155,9 @@ pub fn parse_batch_body_in(
         return Err(lone_surrogate_refused());
     }
     let model = if output.is_jev() {
-        crate::jev::resolve_model(body.get("model"))?
+        crate::jev::resolve_model(body.get("model"), registry)?
     } else {
-        resolve_model_field(body.get("model"), Upstream::V0_4_15).map_err(RequestError::from_route)?
+        resolve_model_field_in(body.get("model"), Upstream::V0_4_15, registry).map_err(RequestError::from_route)?
     };
     let controls = read_controls(&body, limits)?;
     let batch_size = match body.get("batch_size").filter(|v| !v.is_null()) {
@@ -383,7 +384,14 @@ mod tests {
 
     #[test]
     fn jev_batches_read_model_as_jev_and_refuse_empty_questions() {
-        let jev = |body: &str| parse_batch_body_in(body.as_bytes(), OutputProfile::Jev, RequestLimits::default());
+        let jev = |body: &str| {
+            parse_batch_body_in(
+                body.as_bytes(),
+                OutputProfile::Jev,
+                RequestLimits::default(),
+                Registry::builtin_only(),
+            )
+        };
         let q = r#"{"q": {"type": "noul", "instructions": "x"}}"#;
         let batch = jev(&format!(
             r#"{{"states": ["a"], "model": "~typesafe/jev-latest", "questions": {q}}}"#

@@ -168,6 +168,30 @@ fn snapshot(cache: &Path, repo: &str) -> Result<Option<(PathBuf, String)>, Check
     Ok(Some((dir, revision)))
 }
 
+/// Finds any repo's checkpoint in the Hugging Face cache (an extra checkpoint's `"owner/name"` or
+/// `["owner/name", "subfolder"]`): the snapshot `refs/main` points at, plus the subfolder. The
+/// revision is that snapshot's, as for the built-ins.
+pub fn find_repo_in_hf_cache(cache: &Path, repo: &str, subfolder: Option<&str>) -> Result<Location, CheckpointError> {
+    let Some((snapshot_dir, revision)) = snapshot(cache, repo)? else {
+        return Err(CheckpointError::NotFound {
+            name: repo.to_owned(),
+            searched: repo_folder(cache, repo).join("refs/main").display().to_string(),
+        });
+    };
+    let dir = subfolder.map_or(snapshot_dir.clone(), |sub| snapshot_dir.join(sub));
+    if !dir.is_dir() {
+        return Err(CheckpointError::Missing { path: dir });
+    }
+    Ok(Location {
+        dir,
+        origin: Origin::HfCache {
+            repo: repo.to_owned(),
+            subfolder: subfolder.map(str::to_owned),
+            revision,
+        },
+    })
+}
+
 /// Finds a published checkpoint in the Hugging Face cache: the bundle repo first (english at its
 /// root, the others in subfolders), then the standalone `laya-multilingual` / `laya-typed-decisions`.
 pub fn find_in_hf_cache(cache: &Path, name: CheckpointName) -> Result<Location, CheckpointError> {

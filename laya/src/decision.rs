@@ -13,7 +13,7 @@ use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tok
 use crate::python_text::{float_value, round4};
 use crate::question::{Question, QuestionType, parse_questions_in};
 use crate::request::{DecisionRequest, MinConfidence, RequestError, RequestLimits};
-use crate::routing::{CheckpointName, RouteOptions, RouteRequest, RoutingDecision, route};
+use crate::routing::{CheckpointName, Registry, RouteOptions, RouteRequest, RoutingDecision, route};
 use crate::upstream::Upstream;
 
 /// Host settings that change decisions.
@@ -78,18 +78,33 @@ pub fn prepare<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
-    let routing = route_request(request, options)?;
+    prepare_in(request, checkpoints, options, Registry::builtin_only())
+}
+
+/// [`prepare`] on a server that registered checkpoints of its own (`registry`).
+pub fn prepare_in<'a>(
+    request: &DecisionRequest,
+    checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
+    options: DecisionOptions,
+    registry: &Registry,
+) -> Result<PreparedDecision, RequestError> {
+    let routing = route_request(request, options, registry)?;
     prepare_routed(request, routing, checkpoints, options)
 }
 
 /// Where the request goes (routing's refusals: an unservable `model`, an unknown `task`). The batch
 /// route routes every state before it validates questions, as upstream's `predict_batch` does.
-pub fn route_request(request: &DecisionRequest, options: DecisionOptions) -> Result<RoutingDecision, RequestError> {
+pub fn route_request(
+    request: &DecisionRequest,
+    options: DecisionOptions,
+    registry: &Registry,
+) -> Result<RoutingDecision, RequestError> {
     let ids: Vec<&str> = request.questions.keys().map(String::as_str).collect();
     let route_options = RouteOptions {
         upstream: options.upstream,
         auto_task: options.auto_task,
         default_checkpoint: options.default_checkpoint,
+        registry,
     };
     let controls = &request.controls;
     let route_request = RouteRequest {

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::python_text::{py_repr, py_strip};
 use crate::request::{Problem, RequestError};
-use crate::routing::{BUNDLE_REPO, CheckpointName, resolve_model_field, unknown_model_name};
+use crate::routing::{BUNDLE_REPO, CheckpointName, Registry, resolve_model_field_in, unknown_model_name_in};
 use crate::upstream::Upstream;
 
 /// The tournament group of the `jev` profile when `[compat] tournament_group` is 0 (off): the Jev
@@ -48,7 +48,7 @@ pub fn is_jev_model_id(key: &str) -> bool {
 /// what is accepted (Jev refuses a model it does not serve; answering it with a checkpoint the
 /// caller did not name would be a silent substitution). A value that is not a string is a
 /// validation failure of `model`.
-pub fn resolve_model(model: Option<&Value>) -> Result<Option<CheckpointName>, RequestError> {
+pub fn resolve_model(model: Option<&Value>, registry: &Registry) -> Result<Option<CheckpointName>, RequestError> {
     let text = match model {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(text)) => text,
@@ -63,13 +63,13 @@ pub fn resolve_model(model: Option<&Value>) -> Result<Option<CheckpointName>, Re
     if key.is_empty() || is_jev_model_id(&key) || key == BUNDLE_REPO {
         return Ok(None);
     }
-    match resolve_model_field(model, Upstream::V0_4_15) {
+    match resolve_model_field_in(model, Upstream::V0_4_15, registry) {
         Ok(Some(checkpoint)) => Ok(Some(checkpoint)),
         _ => Err(RequestError::new(
             400,
             format!(
                 "{}, or a Jev model id such as 'jev-latest' to let the router choose",
-                unknown_model_name(text)
+                unknown_model_name_in(text, registry)
             ),
         )
         .refused(UNKNOWN_MODEL_ERROR)),
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn jev_ids_let_the_router_choose_names_pick_a_checkpoint_and_the_rest_is_refused() {
-        let resolve = |v: Value| resolve_model(Some(&v));
+        let resolve = |v: Value| resolve_model(Some(&v), Registry::builtin_only());
         for auto in [
             json!("jev-latest"),
             json!(" TypeSafe/Jev-1.13 "),
@@ -170,7 +170,7 @@ mod tests {
         ] {
             assert_eq!(resolve(auto.clone()), Ok(None), "{auto}");
         }
-        assert_eq!(resolve_model(None), Ok(None));
+        assert_eq!(resolve_model(None, Registry::builtin_only()), Ok(None));
         assert_eq!(resolve(json!("en")), Ok(Some(CheckpointName::English)));
         assert_eq!(resolve(json!("multilingual")), Ok(Some(CheckpointName::Multilingual)));
         assert_eq!(

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::output::OutputProfile;
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
-use crate::routing::{CheckpointName, RouteError, resolve_model_field};
+use crate::routing::{CheckpointName, Registry, RouteError, resolve_model_field_in};
 use crate::upstream::Upstream;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
@@ -256,17 +256,19 @@ pub(crate) fn decode_like_python(bytes: &[u8]) -> Option<String> {
 /// would accept them or fail later; so are lone `\udXXX` escapes under 0.3.20 (0.4.15 refuses them
 /// itself, with its own 400, after the size checks).
 pub fn parse_body(bytes: &[u8], upstream: Upstream, limits: RequestLimits) -> Result<DecisionRequest, RequestError> {
-    parse_body_in(bytes, upstream, OutputProfile::Laya, limits)
+    parse_body_in(bytes, upstream, OutputProfile::Laya, limits, Registry::builtin_only())
 }
 
-/// [`parse_body`] for a server in the `output` profile: the same checks, except that under `jev` the
-/// `model` is read as the Jev API reads it (`crate::jev::resolve_model`) and an empty `questions`
-/// is refused (422 `too_short`, as Jev's validation does; upstream answers it with no answers).
+/// [`parse_body`] for a server in the `output` profile that may have registered checkpoints of its
+/// own (`model` may name them): the same checks, except that under `jev` the `model` is read as the
+/// Jev API reads it (`crate::jev::resolve_model`) and an empty `questions` is refused (422
+/// `too_short`, as Jev's validation does; upstream answers it with no answers).
 pub fn parse_body_in(
     bytes: &[u8],
     upstream: Upstream,
     output: OutputProfile,
     limits: RequestLimits,
+    registry: &Registry,
 ) -> Result<DecisionRequest, RequestError> {
     let invalid_json = || RequestError::new(400, "request body must be valid JSON").at(&[], "json_invalid");
     let text = decode_like_python(bytes).ok_or_else(invalid_json)?;
@@ -321,9 +323,9 @@ pub fn parse_body_in(
     // refuses every name that is neither a checkpoint nor a Jev model id.
     let resolve_model = || {
         if output.is_jev() {
-            crate::jev::resolve_model(body.get("model"))
+            crate::jev::resolve_model(body.get("model"), registry)
         } else {
-            resolve_model_field(body.get("model"), upstream).map_err(RequestError::from_route)
+            resolve_model_field_in(body.get("model"), upstream, registry).map_err(RequestError::from_route)
         }
     };
     let (model, controls) = match upstream {
@@ -841,6 +843,7 @@ mod tests {
                 Upstream::V0_4_15,
                 OutputProfile::Jev,
                 RequestLimits::default(),
+                Registry::builtin_only(),
             )
         };
         let laya = |body: &str| parse_body(body.as_bytes(), Upstream::V0_4_15, RequestLimits::default());

@@ -68,41 +68,102 @@ const ALIASES: [(&str, CheckpointName); 10] = [
     ("decisions", CheckpointName::TypedDecisions),
 ];
 
-/// One of the three Laya checkpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CheckpointName {
-    /// ModernBERT-large, English only: the bundle repo's root.
-    English,
-    /// mmBERT-base, 100+ languages: the bundle's `multilingual` subfolder.
-    Multilingual,
-    /// Fine-tuned on the typed-decisions workflows: the bundle's `typed-decisions` subfolder.
-    TypedDecisions,
+/// A checkpoint's canonical name: one of the three built-ins, or one the operator registered beside
+/// them (upstream's `Router.register` / `LAYA_EXTRA_MODELS`; see [`Registry`]).
+///
+/// A name is a `&'static str` so that it stays `Copy` everywhere a job, a pool or a metric carries
+/// it. Built-in names are literals; a registered name is interned once by [`CheckpointName::register`]
+/// (leaked, one allocation per distinct name ever configured, so memory is bounded by the
+/// configuration, not by traffic). Request handling never interns: it looks names up in a
+/// [`Registry`], which only holds names already interned.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckpointName(&'static str);
+
+/// Upstream's `_NAME_RE` (`^[a-z0-9][a-z0-9._-]*$`) on a canonical key, and never `auto`.
+fn valid_registered_name(key: &str) -> Result<(), String> {
+    let mut chars = key.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if !(first_ok && rest_ok) {
+        return Err("use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit".to_owned());
+    }
+    if key == "auto" {
+        return Err("'auto' means automatic routing in every model= argument".to_owned());
+    }
+    Ok(())
 }
 
+/// Every registered name, each once (see [`CheckpointName`] for why they are leaked).
+static NAMES: std::sync::Mutex<BTreeSet<&'static str>> = std::sync::Mutex::new(BTreeSet::new());
+
+/// The one copy of each registered name.
+fn intern(key: &str) -> &'static str {
+    let mut names = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(name) = names.get(key) {
+        return name;
+    }
+    let name: &'static str = Box::leak(key.to_owned().into_boxed_str());
+    names.insert(name);
+    name
+}
+
+#[allow(non_upper_case_globals)]
 impl CheckpointName {
-    /// Every checkpoint, in upstream's order.
+    /// ModernBERT-large, English only: the bundle repo's root.
+    pub const English: CheckpointName = CheckpointName("english");
+    /// mmBERT-base, 100+ languages: the bundle's `multilingual` subfolder.
+    pub const Multilingual: CheckpointName = CheckpointName("multilingual");
+    /// Fine-tuned on the typed-decisions workflows: the bundle's `typed-decisions` subfolder.
+    pub const TypedDecisions: CheckpointName = CheckpointName("typed-decisions");
+
+    /// Every built-in checkpoint, in upstream's order.
     pub const ALL: [CheckpointName; 3] = [
         CheckpointName::English,
         CheckpointName::Multilingual,
         CheckpointName::TypedDecisions,
     ];
 
-    /// The canonical name: `english`, `multilingual` or `typed-decisions`.
+    /// The canonical name: `english`, `multilingual`, `typed-decisions`, or a registered name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            CheckpointName::English => "english",
-            CheckpointName::Multilingual => "multilingual",
-            CheckpointName::TypedDecisions => "typed-decisions",
-        }
+        self.0
     }
 
-    /// `normalise_name`: a canonical name or alias after Python's `strip()` and `lower()`.
+    /// Whether this is one of the three checkpoints upstream ships.
+    pub fn is_builtin(self) -> bool {
+        CheckpointName::ALL.contains(&self)
+    }
+
+    /// `normalise_name`: a built-in name or alias after Python's `strip()` and `lower()`.
     pub fn from_name_or_alias(name: &str) -> Option<Self> {
         let key = python_key(name);
         Self::from_key(&key)
     }
 
-    /// A name or alias already stripped and lower-cased.
+    /// `Router._add`'s reading of a name to register (configuration only, never a request): trimmed
+    /// and lower-cased, an alias or built-in name is that built-in (registering it re-points it);
+    /// anything else must match upstream's name rule and is interned.
+    pub fn register(name: &str) -> Result<Self, String> {
+        let key = python_key(name);
+        if let Some(builtin) = Self::from_key(&key) {
+            return Ok(builtin);
+        }
+        valid_registered_name(&key).map_err(|why| format!("invalid checkpoint name {}: {why}", py_repr_str(name)))?;
+        Ok(CheckpointName(intern(&key)))
+    }
+
+    /// A canonical name this process knows: a built-in, or one registered before (what a worker
+    /// reports back; never interns, so text from outside cannot grow the table).
+    pub fn known(name: &str) -> Option<Self> {
+        if let Some(builtin) = CheckpointName::ALL.into_iter().find(|c| c.as_str() == name) {
+            return Some(builtin);
+        }
+        let names = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        names.get(name).map(|n| CheckpointName(n))
+    }
+
+    /// A built-in name or alias already stripped and lower-cased.
     fn from_key(key: &str) -> Option<Self> {
         CheckpointName::ALL
             .into_iter()
@@ -110,12 +171,14 @@ impl CheckpointName {
             .or_else(|| ALIASES.iter().find(|(alias, _)| *alias == key).map(|&(_, c)| c))
     }
 
-    /// The `routing.repo` string: the bundle repo, plus `/<subfolder>` off its root.
+    /// The `routing.repo` string of a built-in: the bundle repo, plus `/<subfolder>` off its root;
+    /// a registered checkpoint's is its source ([`Registry::repo`]), here its name.
     pub fn repo(self) -> &'static str {
         match self {
             CheckpointName::English => "convaiinnovations/laya",
             CheckpointName::Multilingual => "convaiinnovations/laya/multilingual",
             CheckpointName::TypedDecisions => "convaiinnovations/laya/typed-decisions",
+            other => other.0,
         }
     }
 
@@ -128,13 +191,91 @@ impl CheckpointName {
         }
     }
 
-    /// The checkpoint's folder inside [`BUNDLE_REPO`]; `None` for english, which sits at its root.
+    /// The checkpoint's folder inside [`BUNDLE_REPO`]; `None` for english, which sits at its root,
+    /// and for a registered checkpoint, which is not in the bundle.
     pub fn subfolder(self) -> Option<&'static str> {
         match self {
-            CheckpointName::English => None,
             CheckpointName::Multilingual => Some("multilingual"),
             CheckpointName::TypedDecisions => Some("typed-decisions"),
+            _ => None,
         }
+    }
+}
+
+impl std::fmt::Debug for CheckpointName {
+    /// The built-ins as the enum variants they once were (`English`), others as `Registered("name")`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            CheckpointName::English => f.write_str("English"),
+            CheckpointName::Multilingual => f.write_str("Multilingual"),
+            CheckpointName::TypedDecisions => f.write_str("TypedDecisions"),
+            other => write!(f, "Registered({:?})", other.0),
+        }
+    }
+}
+
+/// The checkpoints a server registered beside the built-ins, and built-ins re-pointed at another
+/// source (upstream's `Router.models` beyond `DEFAULT_MODELS`): what `model=` and `task=` may name
+/// besides the built-ins, the `routing.repo` each answers with, and the names an unknown-model
+/// error lists. The empty registry is upstream's plain `Router()`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registry {
+    /// Registered (or re-pointed) checkpoints with their `routing.repo` string, in registration order.
+    entries: Vec<(CheckpointName, String)>,
+}
+
+/// The registry of a server with no checkpoints of its own.
+static BUILTIN_ONLY: Registry = Registry { entries: Vec::new() };
+
+impl Registry {
+    /// Registrations: each name with its `routing.repo` string (upstream's `_repo_str(source)`).
+    pub fn new(entries: Vec<(CheckpointName, String)>) -> Self {
+        Self { entries }
+    }
+
+    /// No registrations: the three built-ins as shipped.
+    pub fn builtin_only() -> &'static Registry {
+        &BUILTIN_ONLY
+    }
+
+    /// `Router.resolve` on a key already stripped and lower-cased: a built-in or alias, else a
+    /// registered name.
+    fn resolve_key(&self, key: &str) -> Option<CheckpointName> {
+        CheckpointName::from_key(key).or_else(|| self.entries.iter().map(|(n, _)| *n).find(|n| n.as_str() == key))
+    }
+
+    /// `Router.resolve(name)`: a built-in name or alias, or a registered name, after `strip().lower()`.
+    pub fn resolve(&self, name: &str) -> Option<CheckpointName> {
+        self.resolve_key(&python_key(name))
+    }
+
+    /// The `routing.repo` of `name`: its registered source, else the built-in's bundle path.
+    pub fn repo(&self, name: CheckpointName) -> &str {
+        self.entries
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(name.repo(), |(_, repo)| repo.as_str())
+    }
+
+    /// The registrations of the names in `keep` only.
+    pub fn retaining(&self, keep: &[CheckpointName]) -> Self {
+        Self {
+            entries: self.entries.iter().filter(|(n, _)| keep.contains(n)).cloned().collect(),
+        }
+    }
+
+    /// Checkpoints registered beyond the built-ins (not the re-pointed built-ins), in order.
+    pub fn extras(&self) -> impl Iterator<Item = CheckpointName> + '_ {
+        self.entries.iter().map(|(n, _)| *n).filter(|n| !n.is_builtin())
+    }
+
+    /// `sorted(self.models)`: every name the router knows.
+    fn sorted_names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = CheckpointName::ALL.iter().map(|c| c.as_str()).collect();
+        names.extend(self.extras().map(CheckpointName::as_str));
+        names.sort_unstable();
+        names.dedup();
+        names
     }
 }
 
@@ -161,11 +302,11 @@ fn is_falsy(value: &Value) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     /// 0.4.15: `model` looks like a path or an unpublished Hub repo id, a checkpoint this server
-    /// cannot load (`serve._resolve_model`). Carries the Python repr of the value sent.
-    #[error("{}, or omit model to let the router choose", unknown_model(.0))]
+    /// cannot load (`serve._resolve_model`). Carries the whole detail (it lists the registry).
+    #[error("{0}, or omit model to let the router choose")]
     UnservableModel(String),
-    /// 0.4.15: `task` names no checkpoint (`Router.resolve`). Carries the Python repr of the task.
-    #[error("{}", unknown_model(.0))]
+    /// 0.4.15: `task` names no checkpoint (`Router.resolve`). Carries the whole detail.
+    #[error("{0}")]
     UnknownTask(String),
 }
 
@@ -179,12 +320,17 @@ impl RouteError {
 /// `normalise_name`'s `ValueError` text for a name that is no checkpoint or alias (used for
 /// `LAYA_DEFAULT_MODEL`, which upstream refuses at start-up with it).
 pub fn unknown_model_name(name: &str) -> String {
-    unknown_model(&py_repr_str(python_key(name).as_str()))
+    unknown_model_name_in(name, Registry::builtin_only())
+}
+
+/// [`unknown_model_name`] on a server that registered checkpoints of its own: they are listed too.
+pub fn unknown_model_name_in(name: &str, registry: &Registry) -> String {
+    unknown_model(&py_repr_str(python_key(name).as_str()), registry)
 }
 
 /// `ValueError("unknown model %r; choose one of %s (or an alias: %s)")` of `Router.resolve` and
 /// `normalise_name`, for a name already written as its Python repr.
-fn unknown_model(name_repr: &str) -> String {
+fn unknown_model(name_repr: &str, registry: &Registry) -> String {
     let list = |names: Vec<&str>| {
         let items: Vec<String> = names.into_iter().map(py_repr_str).collect();
         format!("[{}]", items.join(", "))
@@ -193,7 +339,7 @@ fn unknown_model(name_repr: &str) -> String {
     aliases.sort_unstable();
     format!(
         "unknown model {name_repr}; choose one of {} (or an alias: {})",
-        list(CheckpointName::ALL.iter().map(|c| c.as_str()).collect()),
+        list(registry.sorted_names()),
         list(aliases)
     )
 }
@@ -216,6 +362,16 @@ fn names_unpublished_source(text: &str) -> bool {
 /// as a name or alias. Anything else is `None` too (a Jev id such as `jev-1`, the bundle id) —
 /// except that 0.4.15 refuses a path or an unpublished Hub id, which 0.3.20 also ignores.
 pub fn resolve_model_field(model: Option<&Value>, upstream: Upstream) -> Result<Option<CheckpointName>, RouteError> {
+    resolve_model_field_in(model, upstream, Registry::builtin_only())
+}
+
+/// [`resolve_model_field`] on a server that registered checkpoints of its own: a registered name
+/// pins like a built-in (upstream passes `Router.resolve`), and the refusal lists them too.
+pub fn resolve_model_field_in(
+    model: Option<&Value>,
+    upstream: Upstream,
+    registry: &Registry,
+) -> Result<Option<CheckpointName>, RouteError> {
     let Some(model) = model.filter(|m| !is_falsy(m)) else {
         return Ok(None);
     };
@@ -225,12 +381,12 @@ pub fn resolve_model_field(model: Option<&Value>, upstream: Upstream) -> Result<
         .iter()
         .find(|(id, _)| *id == key)
         .map(|&(_, c)| c)
-        .or_else(|| CheckpointName::from_key(&key));
+        .or_else(|| registry.resolve_key(&key));
     if known.is_some() || !upstream.is_0_4() || key == BUNDLE_REPO {
         return Ok(known);
     }
     if names_unpublished_source(py_strip(&text)) {
-        return Err(RouteError::UnservableModel(py_repr(model)));
+        return Err(RouteError::UnservableModel(unknown_model(&py_repr(model), registry)));
     }
     Ok(None)
 }
@@ -249,6 +405,8 @@ pub fn typed_decisions_workflow(question_ids: &[&str]) -> Option<&'static str> {
 pub struct RoutingDecision {
     /// The checkpoint that answers.
     pub checkpoint: CheckpointName,
+    /// `routing.repo`: where the checkpoint comes from (upstream's `_repo_str` of its source).
+    pub repo: String,
     /// Upstream's sentence explaining the choice.
     pub reason: String,
     /// Detection of the state; `None` when an explicit model or a workflow decided first.
@@ -262,7 +420,7 @@ impl RoutingDecision {
     pub fn to_json(&self) -> Value {
         let mut out = Map::new();
         out.insert("model".to_owned(), Value::String(self.checkpoint.as_str().to_owned()));
-        out.insert("repo".to_owned(), Value::String(self.checkpoint.repo().to_owned()));
+        out.insert("repo".to_owned(), Value::String(self.repo.clone()));
         out.insert("reason".to_owned(), Value::String(self.reason.clone()));
         out.insert(
             "detection".to_owned(),
@@ -290,8 +448,8 @@ pub struct RouteRequest<'a> {
 }
 
 /// Server settings that change routing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouteOptions {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteOptions<'a> {
     /// The release whose router and detector answer.
     pub upstream: Upstream,
     /// `LAYA_AUTO_TASK`: questions matching a typed-decisions workflow go to that checkpoint.
@@ -299,6 +457,19 @@ pub struct RouteOptions {
     /// `LAYA_DEFAULT_MODEL`: where states without language evidence go; `None` is the release's
     /// own default ([`CheckpointName::default_for`]).
     pub default_checkpoint: Option<CheckpointName>,
+    /// The checkpoints registered beside the built-ins (`LAYA_EXTRA_MODELS`).
+    pub registry: &'a Registry,
+}
+
+impl Default for RouteOptions<'_> {
+    fn default() -> Self {
+        Self {
+            upstream: Upstream::default(),
+            auto_task: false,
+            default_checkpoint: None,
+            registry: Registry::builtin_only(),
+        }
+    }
 }
 
 /// Language subtags that mean "the English checkpoint can read this" (`_ENGLISH_SUBTAGS`).
@@ -322,14 +493,16 @@ fn english_from_code(code: &str) -> Option<bool> {
 }
 
 /// `str(task).lower().replace("-", "_") == "typed_decisions"`, then `Router.resolve`.
-fn resolve_task(task: &Value) -> Result<CheckpointName, RouteError> {
+fn resolve_task(task: &Value, registry: &Registry) -> Result<CheckpointName, RouteError> {
     let text = py_str(task);
     let mut lowered = String::with_capacity(text.len());
     py_char::push_lower(&text, &mut lowered);
     if lowered.replace('-', "_") == "typed_decisions" {
         return Ok(CheckpointName::TypedDecisions);
     }
-    CheckpointName::from_key(&python_key(&text)).ok_or_else(|| RouteError::UnknownTask(py_repr(task)))
+    registry
+        .resolve_key(&python_key(&text))
+        .ok_or_else(|| RouteError::UnknownTask(unknown_model(&py_repr(task), registry)))
 }
 
 /// `Router._route` as the server calls it (spec §6.2). Precedence: explicit `model`, then (0.4.15)
@@ -340,11 +513,13 @@ pub fn route(
     state: Option<&Value>,
     question_ids: &[&str],
     request: &RouteRequest<'_>,
-    options: &RouteOptions,
+    options: &RouteOptions<'_>,
 ) -> Result<RoutingDecision, RouteError> {
     let upstream = options.upstream;
+    let registry = options.registry;
     let decided = |checkpoint: CheckpointName, reason: String, workflow: Option<&'static str>| RoutingDecision {
         checkpoint,
+        repo: registry.repo(checkpoint).to_owned(),
         reason,
         detection: None,
         workflow,
@@ -356,7 +531,7 @@ pub fn route(
     }
     let task = request.task.filter(|t| upstream.is_0_4() && !t.is_null());
     if let Some(task) = task {
-        let checkpoint = resolve_task(task)?;
+        let checkpoint = resolve_task(task, registry)?;
         return Ok(decided(checkpoint, format!("explicit task={}", py_repr(task)), None));
     }
     let workflow = typed_decisions_workflow(question_ids);
@@ -422,6 +597,7 @@ pub fn route(
     };
     Ok(RoutingDecision {
         checkpoint,
+        repo: registry.repo(checkpoint).to_owned(),
         reason,
         detection: Some(det),
         workflow,
@@ -456,7 +632,7 @@ mod tests {
         let options = RouteOptions {
             upstream: Upstream::V0_3_20,
             auto_task,
-            default_checkpoint: None,
+            ..RouteOptions::default()
         };
         route(state, ids, &request, &options).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -817,5 +993,79 @@ mod tests {
         let d = route(None, &[], &RouteRequest::default(), &options).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.reason, "no letters detected in state; using default (english)");
         assert_eq!(CheckpointName::default_for(Upstream::V0_3_20), CheckpointName::English);
+    }
+
+    #[test]
+    fn a_registered_checkpoint_pins_like_a_builtin_and_its_source_is_the_repo() {
+        let mine = CheckpointName::register(" Mine-2.ft ").expect("valid");
+        assert_eq!(mine.as_str(), "mine-2.ft");
+        assert!(!mine.is_builtin());
+        assert_eq!(CheckpointName::register("EN"), Ok(CheckpointName::English));
+        for bad in ["auto", "-x", "a/b", "", "caf\u{e9}"] {
+            let err = CheckpointName::register(bad).expect_err(bad);
+            assert!(err.starts_with("invalid checkpoint name"), "{err}");
+        }
+        let registry = Registry::new(vec![
+            (mine, "/srv/mine".to_owned()),
+            (CheckpointName::English, "me/laya-ft".to_owned()),
+        ]);
+        let v4 = Upstream::V0_4_15;
+        assert_eq!(
+            resolve_model_field_in(Some(&json!(" MINE-2.FT")), v4, &registry),
+            Ok(Some(mine))
+        );
+        assert_eq!(resolve_model_field(Some(&json!("mine-2.ft")), v4), Ok(None));
+        let options = RouteOptions {
+            upstream: v4,
+            registry: &registry,
+            ..RouteOptions::default()
+        };
+        let pinned = RouteRequest {
+            model: Some(mine),
+            ..RouteRequest::default()
+        };
+        let d = route(Some(&json!("hello there")), &["q"], &pinned, &options).expect("routes");
+        assert_eq!(
+            (d.checkpoint, d.repo.as_str(), d.reason.as_str()),
+            (mine, "/srv/mine", "explicit model='mine-2.ft'")
+        );
+        let english = route(
+            Some(&json!("Please refund invoice 4411 today.")),
+            &["q"],
+            &RouteRequest::default(),
+            &options,
+        )
+        .expect("routes");
+        assert_eq!(
+            (english.checkpoint, english.repo.as_str()),
+            (CheckpointName::English, "me/laya-ft")
+        );
+        let task = json!("Mine-2.ft");
+        let by_task = RouteRequest {
+            task: Some(&task),
+            ..RouteRequest::default()
+        };
+        assert_eq!(route(None, &["q"], &by_task, &options).map(|d| d.checkpoint), Ok(mine));
+        let unknown = json!("nope");
+        let bad_task = RouteRequest {
+            task: Some(&unknown),
+            ..RouteRequest::default()
+        };
+        let err = route(None, &["q"], &bad_task, &options)
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            err.starts_with(
+                "unknown model 'nope'; choose one of ['english', 'mine-2.ft', 'multilingual', 'typed-decisions']"
+            ),
+            "{err}"
+        );
+        let path = resolve_model_field_in(Some(&json!("./ckpt")), v4, &registry)
+            .expect_err("path")
+            .to_string();
+        assert!(
+            path.contains("'mine-2.ft'") && path.ends_with(", or omit model to let the router choose"),
+            "{path}"
+        );
     }
 }

@@ -203,6 +203,7 @@ fn replay(case: &Value, upstream: Upstream) -> Result<String, String> {
         upstream,
         auto_task: case.get("auto_task").and_then(Value::as_bool).unwrap_or(false),
         default_checkpoint,
+        ..RouteOptions::default()
     };
     let refused = |e: laya::routing::RouteError| format!("{} {e}", e.status());
     let model = match resolve_model_field(hints.get("model"), upstream) {

@@ -354,7 +354,7 @@ fn check(args: CheckArgs) -> ExitCode {
     if config
         .served_checkpoints()
         .iter()
-        .any(|(_, source)| **source == CheckpointSource::HfCache)
+        .any(|(_, source)| *source == CheckpointSource::HfCache)
     {
         match laya::checkpoint::hf_hub_cache_dir() {
             Some(cache) => println!("Hugging Face cache: {}", cache.display()),

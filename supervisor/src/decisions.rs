@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use laya::batch::{BatchRequest, parse_batch_body_in, render_batch};
 use laya::decision::{
-    DecisionOptions, PreparedDecision, prepare, prepare_routed, project, respond, respond_unprojected, route_request,
+    DecisionOptions, PreparedDecision, prepare_in, prepare_routed, project, respond, respond_unprojected, route_request,
 };
 use laya::python_text::{Separators, py_json};
 use laya::request::{DecisionRequest, RequestError, parse_body_in};
@@ -34,7 +34,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
 
 use crate::backend::{Backend, BackendError, Job, JobOutput};
-use crate::checkpoints::Checkpoints;
+use crate::checkpoints::{Checkpoints, ServedCheckpoints};
 use crate::live::LiveSettings;
 use crate::status::JobClass;
 
@@ -98,7 +98,8 @@ pub struct BatchOutcome {
 /// Turns admitted bodies into answers.
 #[derive(Clone)]
 pub struct Decisions {
-    checkpoints: Arc<Checkpoints>,
+    /// The served set; each request is prepared and answered with the set current when it began.
+    checkpoints: Arc<ServedCheckpoints>,
     backend: Arc<dyn Backend>,
     options: DecisionOptions,
     request_timeout: Duration,
@@ -115,7 +116,7 @@ fn preparation_turns() -> usize {
 impl Decisions {
     /// Decisions answered with these checkpoints and this backend, each within `request_timeout`.
     pub fn new(
-        checkpoints: Arc<Checkpoints>,
+        checkpoints: Arc<ServedCheckpoints>,
         backend: Arc<dyn Backend>,
         options: DecisionOptions,
         request_timeout: Duration,
@@ -146,15 +147,16 @@ impl Decisions {
             pool: None,
             timings: Timings::default(),
         };
-        let checkpoints = Arc::clone(&self.checkpoints);
+        let checkpoints = self.checkpoints.current();
+        let set = Arc::clone(&checkpoints);
         let options = self.options;
         let prepared = self
             .prepare_off_reactor(deadline, request_id, move || {
-                let request = parse_body_in(&json, options.upstream, options.output, options.limits)?;
+                let request = parse_body_in(&json, options.upstream, options.output, options.limits, set.registry())?;
                 if let Some(tournament) = plan_tournament(&request.questions, options)? {
                     return Ok(Err((request, tournament)));
                 }
-                prepare(&request, |name| checkpoints.get(name), options).map(Ok)
+                prepare_in(&request, |name| set.get(name), options, set.registry()).map(Ok)
             })
             .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
@@ -168,7 +170,9 @@ impl Decisions {
         match prepared {
             Ok(prepared) => {
                 outcome.checkpoint = Some(prepared.checkpoint());
-                outcome.result = self.run(&prepared, request_id, deadline, &mut outcome).await;
+                outcome.result = self
+                    .run(&prepared, &checkpoints, request_id, deadline, &mut outcome)
+                    .await;
             }
             Err((request, tournament)) => {
                 let played = self.play(request, tournament, request_id, deadline).await;
@@ -238,16 +242,17 @@ impl Decisions {
             timings: Timings::default(),
             jobs: Vec::new(),
         };
-        let checkpoints = Arc::clone(&self.checkpoints);
+        let checkpoints = self.checkpoints.current();
+        let set = Arc::clone(&checkpoints);
         let options = self.options;
         let prepared = self
             .prepare_off_reactor(deadline, request_id, move || {
-                let batch = parse_batch_body_in(&json, options.output, options.limits)?;
+                let batch = parse_batch_body_in(&json, options.output, options.limits, set.registry())?;
                 // A batch shares one question set, so whether it is narrowed is decided once.
                 if let Some(tournament) = plan_tournament(&batch.questions, options)? {
                     return Ok(Err((batch, tournament)));
                 }
-                prepare_batch(&batch, &checkpoints, options).map(Ok)
+                prepare_batch(&batch, &set, options).map(Ok)
             })
             .await;
         outcome.timings.prepare = Some(prepare_started.elapsed());
@@ -261,7 +266,8 @@ impl Decisions {
         outcome.result = match prepared {
             Ok(prepared) => {
                 outcome.states = prepared.len();
-                self.run_batch(&prepared, request_id, deadline, &mut outcome).await
+                self.run_batch(&prepared, &checkpoints, request_id, deadline, &mut outcome)
+                    .await
             }
             Err((batch, tournament)) => {
                 outcome.states = batch.states.len();
@@ -281,6 +287,7 @@ impl Decisions {
     async fn run_batch(
         &self,
         prepared: &[PreparedDecision],
+        checkpoints: &Checkpoints,
         request_id: &str,
         deadline: Instant,
         outcome: &mut BatchOutcome,
@@ -314,7 +321,7 @@ impl Decisions {
         let diagnostics = self.live.diagnostics();
         let mut results = Vec::with_capacity(prepared.len());
         for (p, output) in prepared.iter().zip(outputs) {
-            let checkpoint = self.checkpoints.get(p.checkpoint()).ok_or_else(|| {
+            let checkpoint = checkpoints.get(p.checkpoint()).ok_or_else(|| {
                 DecisionError::Internal(format!(
                     "checkpoint '{}' was routed to but is not open",
                     p.checkpoint().as_str()
@@ -437,15 +444,16 @@ impl Decisions {
         deadline: Instant,
         played: &mut Played,
     ) -> Result<(Map<String, Value>, Option<JobOutput>), DecisionError> {
-        let checkpoints = Arc::clone(&self.checkpoints);
+        let checkpoints = self.checkpoints.current();
+        let set = Arc::clone(&checkpoints);
         let options = self.options;
         let prepared = self
             .prepare_off_reactor(deadline, request_id, move || {
-                prepare(&request, |name| checkpoints.get(name), options)
+                prepare_in(&request, |name| set.get(name), options, set.registry())
             })
             .await?;
         played.checkpoint = Some(prepared.checkpoint());
-        let checkpoint = self.checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
+        let checkpoint = checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
             DecisionError::Internal(format!(
                 "checkpoint '{}' was routed to but is not open",
                 prepared.checkpoint().as_str()
@@ -493,11 +501,12 @@ impl Decisions {
     async fn run(
         &self,
         prepared: &PreparedDecision,
+        checkpoints: &Checkpoints,
         request_id: &str,
         deadline: Instant,
         outcome: &mut Outcome,
     ) -> Result<String, DecisionError> {
-        let checkpoint = self.checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
+        let checkpoint = checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
             DecisionError::Internal(format!(
                 "checkpoint '{}' was routed to but is not open",
                 prepared.checkpoint().as_str()
@@ -573,7 +582,7 @@ fn prepare_batch(
     let requests: Vec<_> = (0..batch.states.len()).filter_map(|i| batch.request(i)).collect();
     let routes: Vec<RoutingDecision> = requests
         .iter()
-        .map(|r| route_request(r, options))
+        .map(|r| route_request(r, options, checkpoints.registry()))
         .collect::<Result<_, _>>()?;
     requests
         .iter()

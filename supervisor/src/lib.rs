@@ -98,9 +98,17 @@ pub async fn run(
                 }
             }
             let live = server.live();
+            let served_checkpoints = server.checkpoints();
             let reloads = async {
                 match options.reload_from {
-                    Some(sources) => reload::reload_task(sources, config.clone(), &workers, &live).await,
+                    Some(sources) => {
+                        let target = reload::Reloadable {
+                            workers: &workers,
+                            checkpoints: &served_checkpoints,
+                            live: &live,
+                        };
+                        reload::reload_task(sources, config.clone(), target).await
+                    }
                     None => std::future::pending::<std::convert::Infallible>().await,
                 }
             };
@@ -125,7 +133,7 @@ async fn open_checkpoints(config: &Config, offline: bool) -> Result<Checkpoints,
     let from_hub: Vec<_> = config
         .served_checkpoints()
         .into_iter()
-        .filter(|(_, source)| **source == CheckpointSource::HfCache)
+        .filter(|(_, source)| *source == CheckpointSource::HfCache)
         .map(|(name, _)| name)
         .collect();
     if !from_hub.is_empty() {

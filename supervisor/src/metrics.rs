@@ -216,13 +216,14 @@ impl fmt::Debug for BackendCollector {
 }
 
 /// All worker states, so a state with no workers reads 0 rather than vanishing.
-const WORKER_STATES: [WorkerState; 6] = [
+const WORKER_STATES: [WorkerState; 7] = [
     WorkerState::Starting,
     WorkerState::Ready,
     WorkerState::Restarting,
     WorkerState::Draining,
     WorkerState::Stopped,
     WorkerState::Failed,
+    WorkerState::Unloaded,
 ];
 
 impl Collector for BackendCollector {

@@ -1,12 +1,25 @@
 //! Live reconfiguration: SIGHUP re-reads the configuration from the sources it was started with
-//! and applies what can change while serving (pools, `[scheduling]`, the diagnostics block).
+//! and applies what can change while serving (pools, `[scheduling]`, the diagnostics block, and
+//! extra checkpoints added to or removed from `[checkpoints.extra]` / `LAYA_EXTRA_MODELS`).
+//!
+//! An added extra checkpoint is opened (a missing file, a bad safetensors header or a wrong config
+//! refuses the whole reload with the checkpoint and file named), the pools serving it are replaced
+//! by pools whose workers load and warm it while the old ones keep serving, and only once a worker
+//! has it ready does `model=` accept its name; a removed one stops being accepted at once, and the
+//! pools that held it are replaced.
 //!
 //! [`plan`] works out what a reload does from the running and the new configuration alone, so each
 //! rule is tested without processes; [`reload`] loads, plans, applies and records the outcome in
 //! [`LiveSettings`], which `/health` and answers read. A configuration with errors changes nothing.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use laya::routing::CheckpointName;
 use layad_config::{Config, ConfigError, PoolConfig, SchedulingConfig, Sources};
 
+use crate::backend::Backend;
+use crate::checkpoints::{Checkpoints, ServedCheckpoints};
 use crate::live::LiveSettings;
 use crate::process::{PoolChange, Workers};
 
@@ -21,13 +34,27 @@ pub struct ReloadPlan {
     pub diagnostics: Option<bool>,
     /// Sections that changed but take effect only after a restart.
     pub needs_restart: Vec<&'static str>,
+    /// Extra checkpoints the new configuration serves and the running one does not.
+    pub added: Vec<CheckpointName>,
+    /// Extra checkpoints the running configuration serves and the new one does not.
+    pub removed: Vec<CheckpointName>,
 }
 
 impl ReloadPlan {
     /// One line per change, e.g. `pool short: 1 → 2 workers`, for the log, `/health` and
     /// `layad reload`.
     pub fn changes(&self) -> Vec<String> {
-        let mut changes: Vec<String> = self.pools.iter().filter_map(PoolChange::describe).collect();
+        let mut changes: Vec<String> = self
+            .added
+            .iter()
+            .map(|name| format!("checkpoint {}: added", name.as_str()))
+            .chain(
+                self.removed
+                    .iter()
+                    .map(|name| format!("checkpoint {}: removed", name.as_str())),
+            )
+            .collect();
+        changes.extend(self.pools.iter().filter_map(PoolChange::describe));
         changes.extend(self.scheduling.iter().cloned());
         if let Some(diagnostics) = self.diagnostics {
             changes.push(format!("server.diagnostics = {diagnostics}"));
@@ -39,12 +66,43 @@ impl ReloadPlan {
     }
 }
 
-/// What reloading from `running` to `loaded` does; `Err` when it cannot be applied while serving
-/// (the checkpoints changed: the supervisor opened their tokenizers at start).
+/// What reloading from `running` to `loaded` does; `Err` when it cannot be applied while serving:
+/// a built-in entry of `[checkpoints]` changed, or a checkpoint served before and after comes from
+/// somewhere else (requests already prepared with its tokenizer could meet the other weights).
+/// Extra checkpoints may come and go.
 pub fn plan(running: &Config, loaded: &Config) -> Result<ReloadPlan, String> {
-    if loaded.checkpoints != running.checkpoints {
-        return Err("[checkpoints] changed; that needs a restart (layad serve)".to_owned());
+    let builtins = |c: &Config| {
+        (
+            c.checkpoints.english.clone(),
+            c.checkpoints.multilingual.clone(),
+            c.checkpoints.typed_decisions.clone(),
+        )
+    };
+    if builtins(loaded) != builtins(running) {
+        return Err("[checkpoints] changed for a built-in checkpoint; that needs a restart (layad serve)".to_owned());
     }
+    let (before, after) = (running.served_checkpoints(), loaded.served_checkpoints());
+    for (name, source) in &after {
+        if let Some((_, old)) = before.iter().find(|(n, _)| n == name)
+            && old != source
+        {
+            return Err(format!(
+                "checkpoint '{}' would come from somewhere else; changing a served checkpoint's source needs a \
+                 restart (layad serve), adding or removing one does not",
+                name.as_str()
+            ));
+        }
+    }
+    let added: Vec<CheckpointName> = after
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !before.iter().any(|(b, _)| b == n))
+        .collect();
+    let removed: Vec<CheckpointName> = before
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !after.iter().any(|(a, _)| a == n))
+        .collect();
     let mut pools = Vec::new();
     for wanted in &loaded.pools {
         let checkpoints = loaded.pool_checkpoints(wanted);
@@ -91,6 +149,8 @@ pub fn plan(running: &Config, loaded: &Config) -> Result<ReloadPlan, String> {
         scheduling: scheduling_changes(&running.scheduling, &loaded.scheduling),
         diagnostics: (loaded.server.diagnostics != running.server.diagnostics).then_some(loaded.server.diagnostics),
         needs_restart: needs_restart(running, loaded),
+        added,
+        removed,
     })
 }
 
@@ -129,14 +189,21 @@ fn needs_restart(running: &Config, loaded: &Config) -> Vec<&'static str> {
     changed
 }
 
+/// What a reload changes besides the configuration: the workers, the served checkpoint set and
+/// the live switches.
+pub struct Reloadable<'a> {
+    /// The pools and their workers.
+    pub workers: &'a Workers,
+    /// The checkpoint set requests are prepared with.
+    pub checkpoints: &'a Arc<ServedCheckpoints>,
+    /// The switches answers and `/health` read.
+    pub live: &'a LiveSettings,
+}
+
 /// Re-reads the configuration and applies it; `running` becomes the applied configuration.
-pub fn reload(
-    sources: &Sources,
-    running: &mut Config,
-    workers: &Workers,
-    live: &LiveSettings,
-) -> Result<Vec<String>, String> {
-    let result = load_and_apply(sources, running, workers, live);
+pub fn reload(sources: &Sources, running: &mut Config, target: &Reloadable<'_>) -> Result<Vec<String>, String> {
+    let live = target.live;
+    let result = load_and_apply(sources, running, target);
     match &result {
         Ok(changes) if changes.is_empty() => tracing::info!("configuration reloaded: nothing changed"),
         Ok(changes) => tracing::info!(changes = %changes.join("; "), "configuration reloaded"),
@@ -146,15 +213,37 @@ pub fn reload(
     result
 }
 
-fn load_and_apply(
-    sources: &Sources,
-    running: &mut Config,
-    workers: &Workers,
-    live: &LiveSettings,
-) -> Result<Vec<String>, String> {
+fn load_and_apply(sources: &Sources, running: &mut Config, target: &Reloadable<'_>) -> Result<Vec<String>, String> {
+    let (workers, live) = (target.workers, target.live);
     let loaded = Config::load(sources).map_err(|e: ConfigError| e.to_string())?;
     let plan = plan(running, &loaded)?;
-    workers.apply(&loaded, &plan.pools).map_err(|e| e.to_string())?;
+    let current = target.checkpoints.current();
+    let next = Arc::new(Checkpoints::reopen(&current, &loaded).map_err(|e| format!("reload refused: {e}"))?);
+    // Removed checkpoints stop being accepted now; added ones once a worker has them warm.
+    if !plan.removed.is_empty() {
+        let kept: Vec<_> = current
+            .iter()
+            .filter(|(name, _)| !plan.removed.contains(name))
+            .map(|(name, _)| name)
+            .collect();
+        target.checkpoints.replace(Arc::new(next.narrowed_to(&kept)));
+    }
+    if let Err(e) = workers.apply(&loaded, &next, &plan.pools) {
+        target.checkpoints.replace(current);
+        return Err(e.to_string());
+    }
+    if plan.added.is_empty() {
+        target.checkpoints.replace(next);
+    } else {
+        let backend: Arc<dyn Backend> = workers.scheduler();
+        tokio::spawn(publish_when_ready(
+            backend,
+            Arc::clone(target.checkpoints),
+            next,
+            plan.added.clone(),
+            loaded.workers.startup_timeout,
+        ));
+    }
     if let Some(diagnostics) = plan.diagnostics {
         live.set_diagnostics(diagnostics);
     }
@@ -162,24 +251,49 @@ fn load_and_apply(
         tracing::warn!("{section} changed; it takes effect only after a restart");
     }
     // Keep what runs: the sections a restart would apply stay as they were.
+    // Checkpoints may only have come or gone (`plan` refuses anything else), which is applied.
+    running.checkpoints = loaded.checkpoints;
     running.pools = loaded.pools;
     running.scheduling = loaded.scheduling;
     running.server.diagnostics = loaded.server.diagnostics;
     Ok(plan.changes())
 }
 
+/// Serves `next` once a ready worker holds every checkpoint in `added` (they were loaded and warmed
+/// before the worker joined its pool), or after `timeout` (a worker that cannot load one keeps being
+/// restarted and `/health` says why; the name is then accepted and answered 503 like any
+/// checkpoint without a ready worker).
+async fn publish_when_ready(
+    backend: Arc<dyn Backend>,
+    served: Arc<ServedCheckpoints>,
+    next: Arc<Checkpoints>,
+    added: Vec<CheckpointName>,
+    timeout: Duration,
+) {
+    let started = Instant::now();
+    loop {
+        let status = backend.status();
+        if added.iter().all(|name| status.servable(*name)) {
+            break;
+        }
+        if started.elapsed() >= timeout {
+            tracing::warn!("added checkpoints have no ready worker after {timeout:?}; accepting their names anyway");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let names: Vec<&str> = added.iter().map(|n| n.as_str()).collect();
+    served.replace(next);
+    tracing::info!(checkpoints = %names.join(", "), "added checkpoints are served");
+}
+
 /// Reloads on every SIGHUP; never returns (drop it to stop listening).
-pub async fn reload_task(
-    sources: Sources,
-    mut running: Config,
-    workers: &Workers,
-    live: &LiveSettings,
-) -> std::convert::Infallible {
+pub async fn reload_task(sources: Sources, mut running: Config, target: Reloadable<'_>) -> std::convert::Infallible {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(mut hangups) => {
             while hangups.recv().await.is_some() {
                 tracing::info!("SIGHUP received; reloading the configuration");
-                let _ = reload(&sources, &mut running, workers, live);
+                let _ = reload(&sources, &mut running, &target);
             }
         }
         Err(error) => tracing::error!(%error, "cannot listen for SIGHUP; reload is unavailable"),
@@ -278,8 +392,47 @@ mod tests {
     fn changed_checkpoints_are_refused() {
         let running = Config::default();
         let mut loaded = Config::default();
-        *loaded.checkpoints.source_mut(CheckpointName::Multilingual) = CheckpointSource::Off;
+        loaded.checkpoints.multilingual = CheckpointSource::Off;
         let refused = plan(&running, &loaded).expect_err("refused");
         assert!(refused.contains("[checkpoints] changed"), "{refused}");
+    }
+
+    fn extra(source: &str) -> layad_config::ExtraSource {
+        layad_config::ExtraSource {
+            source: source.to_owned(),
+            subfolder: None,
+        }
+    }
+
+    #[test]
+    fn extra_checkpoints_come_and_go_and_replace_the_pools_that_serve_them() {
+        let running = Config::default();
+        let mut loaded = Config::default();
+        loaded.checkpoints.extra.insert("Mine".into(), extra("/srv/mine"));
+        let plan = plan(&running, &loaded).expect("plan");
+        let mine = CheckpointName::register("mine").expect("name");
+        assert_eq!((plan.added.as_slice(), plan.removed.as_slice()), (&[mine][..], &[][..]));
+        assert_eq!(
+            plan.changes(),
+            ["checkpoint mine: added", "pool gpu: replaced (configuration changed)"]
+        );
+        let back = super::plan(&loaded, &running).expect("plan");
+        assert_eq!(back.removed, [mine]);
+        assert_eq!(
+            back.changes(),
+            ["checkpoint mine: removed", "pool gpu: replaced (configuration changed)"]
+        );
+        // The same extra from elsewhere, or a built-in re-pointed while served, needs a restart.
+        let mut moved = loaded.clone();
+        moved.checkpoints.extra.insert("Mine".into(), extra("/srv/other"));
+        let refused = super::plan(&loaded, &moved).expect_err("refused");
+        assert!(
+            refused.contains("checkpoint 'mine' would come from somewhere else"),
+            "{refused}"
+        );
+        let mut repointed = Config::default();
+        repointed.checkpoints.extra.insert("en".into(), extra("/srv/ft"));
+        let refused = super::plan(&running, &repointed).expect_err("refused");
+        assert!(refused.contains("checkpoint 'english'"), "{refused}");
     }
 }

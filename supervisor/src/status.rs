@@ -15,12 +15,13 @@ pub struct BackendStatus {
 }
 
 impl BackendStatus {
-    /// Whether a request for `checkpoint` can run now: some ready worker has it loaded.
+    /// Whether a request for `checkpoint` can be answered: some ready worker has it loaded, or a
+    /// worker unloaded it on purpose (idle unload) and loads it again for the request.
     pub fn servable(&self, checkpoint: CheckpointName) -> bool {
-        self.pools
-            .iter()
-            .flat_map(|p| &p.workers)
-            .any(|w| w.state == WorkerState::Ready && w.checkpoints.iter().any(|c| c.name == checkpoint))
+        self.pools.iter().flat_map(|p| &p.workers).any(|w| {
+            matches!(w.state, WorkerState::Ready | WorkerState::Unloaded)
+                && w.checkpoints.iter().any(|c| c.name == checkpoint)
+        })
     }
 }
 
@@ -159,6 +160,11 @@ pub struct WorkerStatus {
     pub gpu: Option<layad_proto::pb::GpuDevice>,
     /// Why the worker runs on another device than its pool asked for (it fell back), once reported.
     pub device_fallback: Option<String>,
+    /// How many times idle unload stopped it.
+    pub unloads: u64,
+    /// After the last idle unload: how long loading and warming it again took, which is what the
+    /// request that woke it waited for besides its own forward (milliseconds).
+    pub last_reload_ms: Option<f64>,
 }
 
 impl WorkerStatus {
@@ -180,6 +186,8 @@ impl WorkerStatus {
             cpu_kernels: None,
             gpu: None,
             device_fallback: None,
+            unloads: 0,
+            last_reload_ms: None,
         }
     }
 }
@@ -236,6 +244,9 @@ pub enum WorkerState {
     Stopped,
     /// Given up on (crash loop) until the supervisor restarts.
     Failed,
+    /// Stopped because its pool was idle for `idle_unload`: its checkpoints left memory; the next
+    /// request for the pool starts it again (and waits for its load and warm-up).
+    Unloaded,
 }
 
 impl WorkerState {
@@ -248,6 +259,7 @@ impl WorkerState {
             WorkerState::Draining => "draining",
             WorkerState::Stopped => "stopped",
             WorkerState::Failed => "failed",
+            WorkerState::Unloaded => "unloaded",
         }
     }
 }

@@ -414,7 +414,9 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "last_error",
             "stderr_tail",
             "warmup",
-            "parity_gate"
+            "parity_gate",
+            "unloads",
+            "last_reload_ms"
         ]
     );
     assert_eq!(

@@ -20,7 +20,9 @@ async fn run_serves_until_its_shutdown_future_completes() {
     let cache = fixtures_dir().join("hf-cache/hub");
     for name in CheckpointName::ALL {
         let location = find_in_hf_cache(&cache, name).expect("fixture checkpoint");
-        *config.checkpoints.source_mut(name) = CheckpointSource::Directory(location.dir);
+        if let Some(source) = config.checkpoints.source_mut(name) {
+            *source = CheckpointSource::Directory(location.dir);
+        }
     }
     config.workers.binary_dir = Some(bin_dir().to_path_buf());
     config.workers.socket_dir = Some(sockets.path().join("sockets"));

@@ -601,7 +601,52 @@ def tournament_requests(seed):
     return g.out
 
 
-def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True, include_tournament=True):
+#: The extra checkpoints `--extra` registers on both sides (LAYA_EXTRA_MODELS): a local directory
+#: (a copy of the fixture english checkpoint) and a Hub repo with a subfolder (a copy of the fixture
+#: bundle in each side's cache under another repo id). Canonical names after upstream's lower().
+EXTRA_DIR_NAME = "mine"
+EXTRA_REPO_NAME = "bundle.ml"
+EXTRA_REPO_ID = "me/laya-bundle"
+
+
+def extra_requests(seed):
+    """Requests naming the extra checkpoints (run them with `--extra`): `model=` and `task=` in every
+    spelling upstream's `canonical_name` accepts, on both routes, with every question type and the
+    controls, plus refusals whose detail lists the registered names. A generator of its own
+    (seed + 3), so the other bodies stay as they were."""
+    g = Gen(seed + 3)
+    r = g.r
+    add = lambda obj, tags=(), path="/v1/systemone": g.addj("extra", obj, tags, path=path)  # noqa: E731
+    spellings = ["mine", "MINE", " Mine ", "mine\n", "bundle.ml", "Bundle.ML", " bundle.ml"]
+    for model in spellings:
+        add({"state": g.state(), "questions": g.questions(), "model": model})
+    for task in ["mine", "Bundle.ML", "MINE "]:
+        add({"state": g.state(), "questions": g.questions(), "task": task})
+    for _ in range(12):
+        body = {"state": r.choice([EN, DE, STATES["ja"], g.state()]), "questions": g.questions(),
+                "model": r.choice([EXTRA_DIR_NAME, EXTRA_REPO_NAME])}
+        for key, vals in (("max_len", [16, 64, None]), ("min_confidence", [0.5, {"default": 0.3}, None]),
+                          ("lang", ["de", None])):
+            v = r.choice(vals)
+            if v is not None:
+                body[key] = v
+        add(body)
+    add({"state": EN, "questions": {"a": Q_CHOICE, "b": Q_SCORE, "c": Q_NOUL}, "model": "mine", "task": "typed"})
+    add({"state": EN, "questions": {}, "model": "bundle.ml"})
+    # names that are not registered: a typo routes automatically, a path-like one is refused with
+    # the registered names listed, an unknown task likewise
+    add({"state": EN, "questions": {"a": Q_NOUL}, "model": "mine2"})
+    add({"state": EN, "questions": {"a": Q_NOUL}, "model": "./mine"}, ["refusal"])
+    add({"state": EN, "questions": {"a": Q_NOUL}, "model": EXTRA_REPO_ID}, ["refusal"])
+    add({"state": EN, "questions": {"a": Q_NOUL}, "task": "yours"}, ["refusal"])
+    add({"states": [EN, DE, STATES["ja"]], "questions": {"a": Q_CHOICE, "b": Q_NOUL}, "model": "mine"}, path=BATCH)
+    add({"states": [EN, DE], "questions": {"a": Q_SCORE}, "task": "bundle.ml"}, path=BATCH)
+    add({"states": [EN], "questions": {"a": Q_SCORE}, "task": "nope"}, ["refusal"], path=BATCH)
+    return g.out
+
+
+def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True, include_tournament=True,
+             include_extra=False):
     g = Gen(seed)
     families(g)
     if include_goldens:
@@ -610,6 +655,8 @@ def generate(seed=DEFAULT_SEED, include_goldens=True, include_batch=True, includ
         g.out.extend(batch_requests(seed))
     if include_tournament:
         g.out.extend(tournament_requests(seed))
+    if include_extra:
+        g.out.extend(extra_requests(seed))
     ids = [x["id"] for x in g.out]
     assert len(ids) == len(set(ids))
     return g.out

@@ -129,7 +129,28 @@ def upstream_version(venv):
     return out.stdout.strip()
 
 
-def start_upstream(venv, tmp, name, strict=False, tournament=0):
+def extra_models(tmp, cache):
+    """LAYA_EXTRA_MODELS for `--extra`, for a side whose HF_HOME is `cache`: a local directory (a copy
+    of the fixture english checkpoint, made once) and `[repo, subfolder]` of a Hub repo id that this
+    side's cache holds (a copy of the fixture bundle under another id)."""
+    local = os.path.join(tmp, "extra-" + requests_gen.EXTRA_DIR_NAME)
+    if not os.path.exists(local):
+        snaps = os.path.join(FIXTURE_CACHE, "hub", "models--convaiinnovations--laya", "snapshots")
+        snap = os.path.join(snaps, sorted(os.listdir(snaps))[0])
+        os.makedirs(local)
+        for part in ("rl_agent_config.json", "model.safetensors", "encoder", "tokenizer"):
+            src = os.path.join(snap, part)
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(local, part))
+            else:
+                shutil.copy(src, os.path.join(local, part))
+    repo_dir = os.path.join(cache, "hub", "models--" + requests_gen.EXTRA_REPO_ID.replace("/", "--"))
+    if not os.path.exists(repo_dir):
+        shutil.copytree(os.path.join(cache, "hub", "models--convaiinnovations--laya"), repo_dir, symlinks=True)
+    return json.dumps({"Mine": local, "Bundle.ML": [requests_gen.EXTRA_REPO_ID, "multilingual"]})
+
+
+def start_upstream(venv, tmp, name, strict=False, tournament=0, extra=False):
     cache = os.path.join(tmp, name + "-hf-home")
     shutil.copytree(FIXTURE_CACHE, cache, symlinks=True)
     port = free_port()
@@ -142,6 +163,8 @@ def start_upstream(venv, tmp, name, strict=False, tournament=0):
         env["LAYA_JEV_STRICT"] = "1"
     if tournament:
         env["LAYA_TOURNAMENT_GROUP"] = str(tournament)
+    if extra:
+        env["LAYA_EXTRA_MODELS"] = extra_models(tmp, cache)
     proc = subprocess.Popen([os.path.join(venv, "bin", "laya-serve")], env=env, stdout=open(logfile, "w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = "http://127.0.0.1:%d" % port
@@ -169,7 +192,7 @@ def layad_toml(port, socket_dir, compat, with_compat_key, strict=False, tourname
     return "\n".join(lines)
 
 
-def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False, tournament=0):
+def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False, tournament=0, extra=False):
     cache = os.path.join(tmp, "layad-hf-home")
     if not os.path.exists(cache):
         shutil.copytree(FIXTURE_CACHE, cache, symlinks=True)
@@ -181,6 +204,9 @@ def start_layad(bin_dir, tmp, compat, with_compat_key, strict=False, tournament=
         f.write(layad_toml(port, sock, compat, with_compat_key, strict, tournament))
     logfile = os.path.join(tmp, "layad.log")
     env = clean_env(HF_HOME=cache, HF_HUB_OFFLINE="1")
+    if extra:
+        # The same variable as upstream's: layad reads LAYA_EXTRA_MODELS in upstream's syntax.
+        env["LAYA_EXTRA_MODELS"] = extra_models(tmp, cache)
     proc = subprocess.Popen([os.path.join(bin_dir, "layad"), "serve", "--config", cfg], env=env,
                             stdout=open(logfile, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = "http://127.0.0.1:%d" % port
@@ -225,7 +251,7 @@ def primary_kind(diffs):
 
 def run(args):
     reqs = requests_gen.generate(args.seed, include_goldens=not args.no_goldens, include_batch=not args.no_batch,
-                                 include_tournament=not args.no_tournament)
+                                 include_tournament=not args.no_tournament, include_extra=args.extra)
     if args.categories:
         want = set(args.categories.split(","))
         reqs = [r for r in reqs if r["category"] in want]
@@ -240,7 +266,7 @@ def run(args):
         else:
             up_version = upstream_version(args.upstream_venv)
             log("starting upstream laya %s from %s" % (up_version, args.upstream_venv))
-            p, up_url = start_upstream(args.upstream_venv, tmp, "upstream", args.strict, args.tournament)
+            p, up_url = start_upstream(args.upstream_venv, tmp, "upstream", args.strict, args.tournament, args.extra)
             procs.append(p)
         compat = args.compat or (up_version if up_version != "?" else "0.4.15")
         if args.layad_url:
@@ -248,14 +274,16 @@ def run(args):
         elif args.layad_venv:
             log("starting upstream laya %s from %s as the 'layad' side" % (upstream_version(args.layad_venv),
                                                                           args.layad_venv))
-            p, ld_url = start_upstream(args.layad_venv, tmp, "other-upstream", args.strict, args.tournament)
+            p, ld_url = start_upstream(args.layad_venv, tmp, "other-upstream", args.strict, args.tournament,
+                                       args.extra)
             procs.append(p)
             ld_what = "upstream laya %s (%s)" % (upstream_version(args.layad_venv), args.layad_venv)
         else:
             with_key = not args.no_compat_key
             log("starting layad from %s (compat %s%s)" % (args.layad_bin_dir, compat,
                                                          "" if with_key else ", no [compat] key"))
-            p, ld_url, err = start_layad(args.layad_bin_dir, tmp, compat, with_key, args.strict, args.tournament)
+            p, ld_url, err = start_layad(args.layad_bin_dir, tmp, compat, with_key, args.strict, args.tournament,
+                                         args.extra)
             if p is None and with_key and "compat" in (err or ""):
                 notes.append("layad refused the [compat] key; rerun without it (it then behaves as built)")
                 log(notes[-1] + ":\n" + err)
@@ -419,6 +447,9 @@ def main(argv=None):
                     help="both sides answer wide choices by elimination in groups of N: upstream "
                          "LAYA_TOURNAMENT_GROUP=N, layad [compat] tournament_group = N")
     ap.add_argument("--no-tournament", action="store_true", help="leave out the tournament requests")
+    ap.add_argument("--extra", action="store_true",
+                    help="both sides serve two extra checkpoints through LAYA_EXTRA_MODELS (a local directory and a "
+                         "[repo, subfolder] from the HF cache), and the requests naming them are sent")
     ap.add_argument("--strict", action="store_true",
                     help="both sides in the strict Jev projection: upstream LAYA_JEV_STRICT=1, layad output = jev-strict")
     ap.add_argument("--categories", help="comma list of categories to send")

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::checkpoints::Checkpoints;
+use crate::checkpoints::ServedCheckpoints;
 use crate::decisions::Decisions;
 use crate::http::admission::Admission;
 use crate::live::LiveSettings;
@@ -18,8 +18,8 @@ pub struct App {
     pub decisions: Decisions,
     /// The workers, for `/health` and `/readyz`.
     pub backend: Arc<dyn Backend>,
-    /// The opened checkpoints, for `/v1/models` and readiness.
-    pub checkpoints: Arc<Checkpoints>,
+    /// The served checkpoints (a reload may swap the set), for `/v1/models` and readiness.
+    pub checkpoints: Arc<ServedCheckpoints>,
     /// The exported metrics.
     pub metrics: Metrics,
     /// What a reload changes while serving, and how the last reload went.

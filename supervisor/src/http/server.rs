@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::Backend;
-use crate::checkpoints::Checkpoints;
+use crate::checkpoints::{Checkpoints, ServedCheckpoints};
 use crate::decisions::Decisions;
 use crate::error::LayadError;
 use crate::http::admission::Admission;
@@ -55,6 +55,7 @@ pub struct Server {
     header_timeout: Duration,
     shutdown_grace: Duration,
     live: Arc<LiveSettings>,
+    served: Arc<ServedCheckpoints>,
 }
 
 impl Server {
@@ -79,6 +80,7 @@ impl Server {
             .compat
             .output
             .tournament_group(config.compat.tournament_group as usize);
+        let checkpoints = Arc::new(ServedCheckpoints::new(checkpoints));
         let app = App {
             admission: Admission::new(config.api_key.clone(), server.max_body_bytes, server.body_timeout)
                 .with_max_concurrent(server.max_concurrent),
@@ -109,6 +111,7 @@ impl Server {
             checkpoints,
             live: Arc::clone(&live),
         };
+        let served = Arc::clone(&app.checkpoints);
         // The `Host` check guards loopback binds only: elsewhere the name is the client's business.
         let host_check = local
             .ip()
@@ -128,12 +131,18 @@ impl Server {
             header_timeout: server.body_timeout,
             shutdown_grace: server.shutdown_grace,
             live,
+            served,
         })
     }
 
     /// The settings a reload changes while this server runs.
     pub fn live(&self) -> Arc<LiveSettings> {
         Arc::clone(&self.live)
+    }
+
+    /// The served checkpoint set, which a reload that adds or removes extra checkpoints swaps.
+    pub fn checkpoints(&self) -> Arc<ServedCheckpoints> {
+        Arc::clone(&self.served)
     }
 
     /// The address actually bound (the port, when `listen` asked for port 0).

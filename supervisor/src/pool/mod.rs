@@ -96,7 +96,7 @@ impl WorkerReport {
                 .iter()
                 .filter_map(|c| {
                     Some(LoadedCheckpoint {
-                        name: CheckpointName::from_name_or_alias(&c.name)?,
+                        name: CheckpointName::known(&c.name)?,
                         revision: c.revision.clone(),
                         sha256: c.weights_sha256.clone(),
                     })
@@ -127,7 +127,7 @@ impl WorkerReport {
             .iter()
             .filter_map(|w| {
                 Some(WarmupPoint {
-                    checkpoint: CheckpointName::from_name_or_alias(&w.checkpoint)?,
+                    checkpoint: CheckpointName::known(&w.checkpoint)?,
                     shape: ForwardShape {
                         rows: w.rows as usize,
                         padded_len: w.tokens_per_row as usize,
@@ -164,6 +164,8 @@ pub struct Pool {
     notify: Notify,
     /// The pools whose queues this pool's idle workers may take from (none with spill off).
     peers: RwLock<Vec<Weak<Pool>>>,
+    /// Jobs ever queued here: idle unload's clock restarts whenever it moves.
+    queued: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -184,6 +186,7 @@ impl Pool {
             state: Mutex::new(State::default()),
             notify: Notify::new(),
             peers: RwLock::new(Vec::new()),
+            queued: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -275,6 +278,27 @@ impl Pool {
         state.queue.is_empty() && state.in_flight == 0
     }
 
+    /// How many jobs were ever queued here (idle unload watches it move).
+    pub fn jobs_queued(&self) -> u64 {
+        self.queued.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Resolves once the pool has had nothing queued or running, and no job queued, for `window`
+    /// (idle unload); checked every quarter window (10 ms to 1 s).
+    pub async fn idle_for(&self, window: Duration) {
+        let every = (window / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let (mut seen, mut since) = (self.jobs_queued(), Instant::now());
+        loop {
+            tokio::time::sleep(every).await;
+            let now = self.jobs_queued();
+            if now != seen || !self.idle() {
+                (seen, since) = (now, Instant::now());
+            } else if since.elapsed() >= window {
+                return;
+            }
+        }
+    }
+
     /// Stops taking new jobs; queued ones still run (reload replaced or removed the pool).
     pub fn set_retiring(&self) {
         self.lock().retiring = true;
@@ -292,6 +316,7 @@ impl Pool {
         let receiver = self
             .lock()
             .push(job, forward, route, self.config.queue_capacity as usize, policy)?;
+        self.queued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.notify.notify_waiters();
         // An idle worker of a peer may take it if this pool cannot start it soon.
         self.notify_peers();

@@ -7,9 +7,17 @@
 //! when it stops serving (draining, failed), before its process exits. It is admitted only once it
 //! has proved it is the process this slot started: the socket's peer pid is the child's and its
 //! Describe echoes the nonce given for this start; anything else answering there is never used.
+//!
+//! Idle unload (`pool.idle_unload`, upstream's `LAYA_IDLE_UNLOAD_SECONDS`) is a stop and a start of
+//! the same slot: once its pool has had nothing queued or running for the window, the slot drains
+//! and stops its worker as on shutdown (the process exit is what certainly returns the weights'
+//! memory, on any device), marks it `unloaded`, and starts it again when a job is queued for the
+//! pool; that job waits in the queue while the new worker loads and warms, as a request does while a
+//! crashed worker restarts. No RPC to drop one checkpoint: the pool is the unit that goes idle, and a
+//! new process is the one path that already loads and warms a worker before it serves.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -32,14 +40,16 @@ use crate::worker_kind;
 const CONNECT_EVERY: Duration = Duration::from_millis(50);
 
 /// Settings shared by every slot.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ManagerSettings {
     /// Directory of the worker binaries.
     pub binary_dir: PathBuf,
     /// Private directory for worker sockets.
     pub socket_dir: PathBuf,
-    /// Checkpoint directories by name, as resolved at start-up.
-    pub checkpoint_dirs: Vec<(CheckpointName, PathBuf)>,
+    /// Checkpoint directories by name, as resolved at start-up; a reload that adds or removes
+    /// extra checkpoints replaces the list (the directories of the others never change while
+    /// serving, so a worker of a pool being replaced restarts on the same files).
+    checkpoint_dirs: RwLock<Vec<(CheckpointName, PathBuf)>>,
     /// The restart policy every slot starts from.
     pub backoff: Backoff,
     /// How long a worker may take to load and warm before it is killed and restarted.
@@ -59,11 +69,16 @@ impl ManagerSettings {
         Self {
             binary_dir,
             socket_dir,
-            checkpoint_dirs,
+            checkpoint_dirs: RwLock::new(checkpoint_dirs),
             backoff: Backoff::new(&config.workers),
             startup_timeout: config.workers.startup_timeout,
             stop_timeout: config.workers.stop_timeout,
         }
+    }
+
+    /// The directories workers started from now on load (a reload's new checkpoint set).
+    pub fn set_checkpoint_dirs(&self, dirs: Vec<(CheckpointName, PathBuf)>) {
+        *self.checkpoint_dirs.write().unwrap_or_else(|p| p.into_inner()) = dirs;
     }
 }
 
@@ -82,6 +97,8 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
         socket: socket.clone(),
         checkpoints: settings
             .checkpoint_dirs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(name, _)| served.contains(name))
             .map(|(name, dir)| (name.as_str().to_owned(), dir.clone()))
@@ -145,6 +162,28 @@ enum Failure {
     Unavailable(String),
 }
 
+/// Why a worker process ended without failing.
+enum Ended {
+    /// The slot was told to stop.
+    Stopped,
+    /// Its pool was idle for `idle_unload`: start it again on demand.
+    Unloaded,
+}
+
+/// Waits until a job is queued for `pool` (or `stop`): then an unloaded worker starts again.
+async fn demand(pool: &Pool, stop: &CancellationToken) {
+    let seen = pool.jobs_queued();
+    loop {
+        if pool.jobs_queued() != seen || !pool.idle() {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
 /// One slot's life: spawn, admit when ready, watch, restart with backoff, until `stop` is
 /// cancelled; then it stops the worker (drain, SIGTERM, grace, SIGKILL) and returns.
 pub async fn supervise_task(
@@ -157,6 +196,8 @@ pub async fn supervise_task(
     let id = format!("{}/{index}", pool.config().name);
     let mut backoff = settings.backoff.clone();
     let mut restarts = 0u64;
+    // Set while the slot starts again after an idle unload: when that began.
+    let mut reloading: Option<Instant> = None;
     loop {
         if stop.is_cancelled() {
             pool.update_worker(index, |w| w.state = WorkerState::Stopped);
@@ -166,11 +207,27 @@ pub async fn supervise_task(
             Err(e) => Err(Failure::Crashed(format!("no random bytes for the worker's nonce: {e}"))),
             Ok(nonce) => {
                 let spec = worker_spec(&settings, &pool, index, generation, nonce);
-                run_once(&settings, &pool, index, &spec, &stop).await
+                run_once(&settings, &pool, index, &spec, &stop, reloading.take()).await
             }
         };
         let (failure, served_for) = match failure {
-            Ok(()) => return,
+            Ok(Ended::Stopped) => return,
+            Ok(Ended::Unloaded) => {
+                pool.update_worker(index, |w| {
+                    w.state = WorkerState::Unloaded;
+                    w.pid = None;
+                    w.unloads += 1;
+                });
+                tracing::info!(worker = %id, "pool idle: worker unloaded until the next request");
+                demand(&pool, &stop).await;
+                if stop.is_cancelled() {
+                    pool.update_worker(index, |w| w.state = WorkerState::Stopped);
+                    return;
+                }
+                tracing::info!(worker = %id, "request for an idle pool: loading the worker again");
+                reloading = Some(Instant::now());
+                continue;
+            }
             Err(Failure::Crashed(failure)) => (failure, Duration::ZERO),
             Err(Failure::Died { reason, served_for }) => (reason, served_for),
             Err(Failure::Unavailable(reason)) => {
@@ -217,7 +274,8 @@ async fn run_once(
     index: usize,
     spec: &WorkerSpec,
     stop: &CancellationToken,
-) -> Result<(), Failure> {
+    reloading: Option<Instant>,
+) -> Result<Ended, Failure> {
     let (mut process, stderr) = WorkerProcess::spawn(spec).map_err(|e| Failure::Crashed(e.to_string()))?;
     let pid = process.pid();
     let tail = StderrTail::default();
@@ -259,7 +317,7 @@ async fn run_once(
             let status = process.terminate(settings.stop_timeout).await;
             let _ = logs.await;
             crashed(status, "while starting (stopped)");
-            return Ok(());
+            return Ok(Ended::Stopped);
         }
     };
     let (client, info, mut states) = match ready {
@@ -295,7 +353,20 @@ async fn run_once(
     let _retired_guard = retired.clone().drop_guard();
     let _dead_guard = dead.clone().drop_guard();
     let admitted = pool.admit(index, client.clone(), report);
+    if let Some(started) = reloading {
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(%worker, reload_ms = ms, "worker loaded again after idle unload");
+        pool.update_worker(index, |w| w.last_reload_ms = Some((ms * 1e3).round() / 1e3));
+    }
     let serving_since = Instant::now();
+    let idle_unload = pool.config().idle_unload;
+    let idle = async {
+        if idle_unload.is_zero() {
+            std::future::pending::<()>().await;
+        }
+        pool.idle_for(idle_unload).await;
+    };
+    tokio::pin!(idle);
     tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
 
     let mut serving = true;
@@ -319,7 +390,17 @@ async fn run_once(
                 dead.cancel();
                 let _ = logs.await;
                 crashed(status, "(stopped)");
-                return Ok(());
+                return Ok(Ended::Stopped);
+            }
+            () = &mut idle, if serving => {
+                pool.retire(index);
+                retired.cancel();
+                let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
+                let status = process.terminate(settings.stop_timeout).await;
+                dead.cancel();
+                let _ = logs.await;
+                crashed(status, "(idle unload)");
+                return Ok(Ended::Unloaded);
             }
             update = states.next(), if serving => {
                 let failure = match update {

@@ -283,10 +283,21 @@ impl Workers {
     /// Applies a reload to the pools: `changes` (see [`crate::reload::plan`]) in the order of the
     /// new configuration `loaded`, whose `[scheduling]` also takes effect. Returns at once;
     /// workers join as they become ready. Nothing changes when a worker binary is missing.
-    pub fn apply(&self, loaded: &Config, changes: &[PoolChange]) -> Result<(), WorkersError> {
+    pub fn apply(
+        &self,
+        loaded: &Config,
+        checkpoints: &Checkpoints,
+        changes: &[PoolChange],
+    ) -> Result<(), WorkersError> {
         let inner = &self.inner;
         check_binaries(loaded, &inner.settings.binary_dir)?;
         check_socket_paths(loaded, &inner.settings.socket_dir)?;
+        inner.settings.set_checkpoint_dirs(
+            checkpoints
+                .iter()
+                .map(|(name, c)| (name, c.location.dir.clone()))
+                .collect(),
+        );
         inner.scheduler.set_scheduling(loaded.scheduling.clone());
         let mut retirements = Vec::new();
         {

@@ -181,6 +181,8 @@ impl Backend for GoldenBackend {
             cpu_kernels: ready.then(|| "avx2".to_owned()),
             gpu: None,
             device_fallback: ready.then(|| "cuda:0 unavailable (no CUDA device); running on cpu".to_owned()),
+            unloads: 0,
+            last_reload_ms: None,
         };
         BackendStatus {
             pools: vec![PoolStatus {

@@ -24,6 +24,7 @@ pub async fn livez() -> Response {
 /// The served checkpoints no ready worker has loaded.
 fn unservable(app: &App, status: &BackendStatus) -> Vec<CheckpointName> {
     app.checkpoints
+        .current()
         .iter()
         .map(|(name, _)| name)
         .filter(|name| !status.servable(*name))
@@ -51,7 +52,7 @@ fn overall(status: &BackendStatus, missing: &[CheckpointName]) -> &'static str {
         || workers().any(|w| matches!(w.state, WorkerState::Restarting | WorkerState::Failed));
     if troubled {
         "degraded"
-    } else if missing.is_empty() && workers().all(|w| w.state == WorkerState::Ready) {
+    } else if missing.is_empty() && workers().all(|w| matches!(w.state, WorkerState::Ready | WorkerState::Unloaded)) {
         "ok"
     } else {
         "starting"
@@ -89,6 +90,10 @@ fn worker_json(worker: &WorkerStatus) -> Value {
         "stderr_tail": worker.stderr_tail,
         "warmup": warmup,
         "parity_gate": worker.parity_gate.iter().map(parity_json).collect::<Vec<_>>(),
+        // Idle unload: a worker "unloaded" holds no checkpoint in memory (`checkpoints` says what
+        // it loads again); `last_reload_ms` is what waking it cost the request that did.
+        "unloads": worker.unloads,
+        "last_reload_ms": worker.last_reload_ms,
     })
 }
 
@@ -173,21 +178,25 @@ pub async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
     }
     let status = app.backend.status();
     let missing = unservable(&app, &status);
+    let served = app.checkpoints.current();
     let mut checkpoints = Map::new();
-    for (name, checkpoint) in app.checkpoints.iter() {
-        checkpoints.insert(
-            name.as_str().to_owned(),
-            json!({
-                "servable": !missing.contains(&name),
-                "revision": checkpoint.location.revision(),
-                "sha256": checkpoint.weights.sha256,
-                "path": checkpoint.location.dir.display().to_string(),
-            }),
-        );
+    for (name, checkpoint) in served.iter() {
+        let mut entry = json!({
+            "servable": !missing.contains(&name),
+            "revision": checkpoint.location.revision(),
+            "sha256": checkpoint.weights.sha256,
+            "path": checkpoint.location.dir.display().to_string(),
+        });
+        // A checkpoint of the operator's own (or a re-pointed built-in) says where it came from,
+        // as its answers' `routing.repo` does.
+        if !name.is_builtin() || served.registry().repo(name) != name.repo() {
+            entry["extra"] = json!(true);
+            entry["source"] = json!(served.registry().repo(name));
+        }
+        checkpoints.insert(name.as_str().to_owned(), entry);
     }
     // `loaded` keeps upstream's key for scripts that read it: the checkpoints that can answer now.
-    let loaded: Vec<&str> = app
-        .checkpoints
+    let loaded: Vec<&str> = served
         .iter()
         .map(|(name, _)| name)
         .filter(|name| !missing.contains(name))

@@ -36,16 +36,18 @@ fn model(name: &str, description: String) -> Value {
     json!({"name": name, "description": description, "release_date": "unknown"})
 }
 
-fn describe(name: CheckpointName, checkpoint: &Checkpoint) -> String {
+fn describe(name: CheckpointName, repo: &str, checkpoint: &Checkpoint) -> String {
     let revision = checkpoint
         .location
         .revision()
         .map(|r| format!(" @ {}", &r[..r.len().min(12)]))
         .unwrap_or_default();
+    let sha = &checkpoint.weights.sha256;
+    let sha = &sha[..sha.len().min(12)];
     format!(
-        "Laya {} checkpoint ({}{revision}): {} encoder layers, hidden size {}, up to {} tokens per question.",
+        "Laya {} checkpoint ({repo}{revision}, model.safetensors sha256 {sha}): {} encoder layers, hidden size {}, \
+         up to {} tokens per question.",
         name.as_str(),
-        name.repo(),
         checkpoint.encoder.num_hidden_layers,
         checkpoint.encoder.hidden_size,
         checkpoint.agent.max_len,
@@ -57,15 +59,15 @@ pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Err(e) = app.admission.authorize(&headers) {
         return e.into_response();
     }
-    let mut models: Vec<Value> = app
-        .checkpoints
+    let served = app.checkpoints.current();
+    let mut models: Vec<Value> = served
         .iter()
-        .map(|(name, checkpoint)| model(name.as_str(), describe(name, checkpoint)))
+        .map(|(name, checkpoint)| model(name.as_str(), describe(name, served.registry().repo(name), checkpoint)))
         .collect();
     models.extend(
         ALIASES
             .iter()
-            .filter(|(_, target)| app.checkpoints.get(*target).is_some())
+            .filter(|(_, target)| served.get(*target).is_some())
             .map(|(alias, target)| model(alias, format!("Alias resolving to {}.", target.as_str()))),
     );
     models.push(model(
