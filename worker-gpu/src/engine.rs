@@ -13,6 +13,7 @@ use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
 use crate::layers::cpu_matmul::CpuKernels;
+use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::model::LayaModel;
 
 /// How the engine is set up.
@@ -29,6 +30,9 @@ pub struct EngineOptions {
     /// CPU only: the SIMD kernels of the matrix products; `None`: the best this CPU has. Naming one
     /// the CPU lacks fails the load.
     pub cpu_kernels: Option<CpuKernels>,
+    /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: 16 bits (two u8
+    /// planes), what upstream's golden rows need (`gate::quantize_behind_gate`).
+    pub int8_activations: Option<Int8Activations>,
     /// Most rows in one forward.
     pub max_rows: u32,
     /// Most tokens (sum of row lengths) in one forward.
@@ -45,6 +49,7 @@ impl Default for EngineOptions {
             precision: None,
             threads: None,
             cpu_kernels: None,
+            int8_activations: None,
             max_rows: DEFAULT_MAX_ROWS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             length_buckets: Vec::new(),
@@ -142,7 +147,12 @@ impl CandleEngine {
                 let mut model =
                     LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels)?;
                 let report = match precision {
-                    Precision::Int8 => Some(gate::quantize_behind_gate(name, checkpoint, &mut model)?),
+                    Precision::Int8 => Some(gate::quantize_behind_gate(
+                        name,
+                        checkpoint,
+                        &mut model,
+                        options.int8_activations,
+                    )?),
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
                         checkpoint,

@@ -77,6 +77,7 @@ fn main() -> ExitCode {
         precision,
         threads: common.threads,
         cpu_kernels: args.cpu_kernels.0,
+        int8_activations: None,
         max_rows: common.max_rows,
         max_batch_tokens: common.max_batch_tokens,
         length_buckets: common.length_buckets.clone(),

@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
 use crate::layers::cpu_matmul::{CpuKernels, CpuMatmul, PackedWeight};
-use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedWeight};
+use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel, QuantizedWeight};
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
@@ -116,6 +116,23 @@ impl Linear {
         self.weight_t = Tensor::zeros((1, 1), DType::F32, self.weight_t.device())?;
         self.bias = None;
         Ok(())
+    }
+
+    /// How the int8 weight (VNNI layout) quantizes its activation rows; a no-op otherwise.
+    pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
+        if let Some(quantized) = &mut self.quantized {
+            quantized.set_activations(bits);
+        }
+    }
+
+    /// The int8 weight's activations when it runs the VNNI kernel.
+    pub(crate) fn int8_activations(&self) -> Option<Int8Activations> {
+        self.quantized.as_ref().and_then(QuantizedWeight::activations)
+    }
+
+    /// The int8 weight's kernel and activations, once quantized.
+    pub(crate) fn int8_kernel(&self) -> Option<String> {
+        self.quantized.as_ref().map(QuantizedWeight::describe)
     }
 
     /// Multiplies outputs `start..start + len` (weight rows and bias entries in PyTorch's terms) by

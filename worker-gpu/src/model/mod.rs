@@ -12,7 +12,7 @@ use layad_proto::{EngineOutput, EngineRow};
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
 use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::Int8Kernel;
+use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -150,11 +150,31 @@ impl LayaModel {
     /// Switches the encoder's matrix products to int8 weights (`dtype = "int8"`): each matrix is
     /// quantized per output column from the loaded float32 weights, which are then dropped.
     /// Embeddings, norms, attention and the decision head stay float32. CPU and f32 models only.
+    /// The integer kernel follows the float family the model was packed for: AVX512-VNNI (u8 × s8,
+    /// 8-bit activations until [`LayaModel::set_int8_activations`] says otherwise) beside AVX-512
+    /// where the CPU has VNNI, the AVX2 i16 kernel beside AVX2.
     pub fn quantize_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() {
             candle_core::bail!("int8 runs on the CPU only")
         }
-        self.encoder.quantize_for_cpu(Int8Kernel::detect())
+        self.encoder.quantize_for_cpu()
+    }
+
+    /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
+    /// are always ~14-bit): 8 bits, or 16 bits as two u8 planes.
+    pub fn set_int8_activations(&mut self, bits: Int8Activations) {
+        self.encoder.set_int8_activations(bits);
+    }
+
+    /// The activations of the int8 matrices when they run the VNNI kernel (`None` for the AVX2 and
+    /// portable kernels, and before quantizing).
+    pub fn int8_activations(&self) -> Option<Int8Activations> {
+        self.encoder.int8_activations()
+    }
+
+    /// The int8 kernel and its activations (`avx512-vnni u8 activations`), once quantized.
+    pub fn int8_kernel(&self) -> Option<String> {
+        self.encoder.int8_kernel()
     }
 
     /// The in-graph part of the Neural Engine worker's `bc1s-masked` contract on one row padded to
