@@ -104,11 +104,20 @@ pub fn quantize_behind_gate(
     activations: Option<Int8Activations>,
 ) -> Result<ParityReport, LoadError> {
     let refuse = refusal(name, Precision::Int8);
+    let started = std::time::Instant::now();
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
     let reference = run(model, &batches, "float32", &refuse)?;
+    let reference_ms = started.elapsed().as_secs_f64() * 1e3;
     model
         .quantize_encoder()
         .map_err(|e| refuse(format!("quantizing the encoder: {e}")))?;
+    let quantize_ms = started.elapsed().as_secs_f64() * 1e3 - reference_ms;
+    tracing::info!(
+        checkpoint = name,
+        reference_ms,
+        quantize_ms,
+        "int8 gate: float32 rows run, encoder quantized"
+    );
     if model.int8_activations().is_some() {
         model.set_int8_activations(activations.unwrap_or(Int8Activations::U16));
     }

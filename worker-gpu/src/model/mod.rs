@@ -5,6 +5,8 @@ pub(crate) mod batch;
 pub(crate) mod decision_head;
 pub(crate) mod modernbert;
 
+use std::time::Instant;
+
 use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
 use layad_proto::{EngineOutput, EngineRow};
@@ -131,13 +133,26 @@ impl LayaModel {
             });
         }
         let max_len = checkpoint.agent.max_len.max(laya::request::DEFAULT_MAX_TOKEN_BUDGET);
+        // Each phase's time is logged: start-up is part of what an operator waits for.
+        let started = Instant::now();
         let mut weights = Weights::read(&checkpoint.weights.path, device)?;
+        let read_ms = started.elapsed().as_secs_f64() * 1e3;
         let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
         let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
         weights.finish()?;
+        let built_ms = started.elapsed().as_secs_f64() * 1e3;
         let packing = |e: candle_core::Error| LoadError::Device(format!("packing weights for {kernels}: {e}"));
         encoder.pack_for_cpu(kernels).map_err(packing)?;
         head.pack_for_cpu(kernels).map_err(packing)?;
+        let total_ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(
+            checkpoint = name,
+            read_ms,
+            build_ms = built_ms - read_ms,
+            pack_ms = total_ms - built_ms,
+            total_ms,
+            "weights loaded"
+        );
         Ok(Self {
             encoder,
             head,
