@@ -1,7 +1,7 @@
 //! `CandleEngine`: the worker's [`Engine`] — several named checkpoints loaded on one device in one
 //! precision, each request checked against the row contract before it reaches the model.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
@@ -137,6 +137,12 @@ impl CandleEngine {
         } else {
             None
         };
+        // bf16 on a CPU with AVX512_BF16 loads float32 and runs the encoder's products with the
+        // native bf16 kernel (candle's bf16 CPU path is slower than f32 there).
+        let bf16_kernels = precision == Precision::Bf16
+            && cpu_kernels == Some(CpuKernels::Avx512)
+            && crate::layers::cpu_matmul_bf16::available();
+        let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();
         for (name, checkpoint) in &opened {
@@ -144,8 +150,7 @@ impl CandleEngine {
             // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
             // run the gate's rows against a float32 load on the CPU.
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
-                let mut model =
-                    LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels)?;
+                let mut model = LayaModel::load_with_kernels(name, checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
                     Precision::Int8 => Some(gate::quantize_behind_gate(
                         name,
@@ -153,6 +158,9 @@ impl CandleEngine {
                         &mut model,
                         options.int8_activations,
                     )?),
+                    Precision::Bf16 if bf16_kernels => {
+                        Some(gate::bf16_kernels_behind_gate(name, checkpoint, &mut model)?)
+                    }
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
                         checkpoint,

@@ -134,6 +134,32 @@ pub fn quantize_behind_gate(
     )
 }
 
+/// Runs the gate on `model` (loaded in float32 on the CPU, packed for AVX-512): the float32
+/// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel and the same rows
+/// run again. On success the model stays in bf16 and the report says how close it came.
+pub fn bf16_kernels_behind_gate(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &mut LayaModel,
+) -> Result<ParityReport, LoadError> {
+    let refuse = refusal(name, Precision::Bf16);
+    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
+    let reference = run(model, &batches, "float32", &refuse)?;
+    model
+        .bf16_encoder()
+        .map_err(|e| refuse(format!("rounding the encoder to bf16: {e}")))?;
+    let ours = run(model, &batches, "bf16", &refuse)?;
+    judge(
+        name,
+        checkpoint,
+        Precision::Bf16,
+        "candle cpu bf16 avx512-bf16 (reference: candle cpu f32)".to_owned(),
+        &batches,
+        &reference,
+        &ours,
+    )
+}
+
 /// Runs the gate on `model`, loaded in f16 or bf16 on `device_label` (`cpu`, `cuda:0`, `metal`),
 /// against the same checkpoint loaded in float32 on the CPU (the forward that matches upstream's
 /// goldens within 1e-4). On success the report says how close it came; otherwise the checkpoint is

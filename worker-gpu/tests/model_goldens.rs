@@ -259,6 +259,34 @@ fn bf16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::Bf16, 7e-2);
 }
 
+/// On a CPU with AVX512_BF16 the bf16 engine runs the native bf16 kernel (its gate says so);
+/// elsewhere candle's bf16 path, gated the same way.
+#[test]
+fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
+    #[cfg(target_arch = "x86_64")]
+    let native = CpuKernels::Avx512.available()
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    let native = false;
+    let engine = engine(Precision::Bf16);
+    let reports = layad_proto::Engine::parity(&engine);
+    assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
+    for report in &reports {
+        assert_eq!(report.executor.contains("avx512-bf16"), native, "{report:?}");
+        assert!(report.max_probability_diff <= 0.02, "{report:?}");
+    }
+    // An AVX2 engine never takes the AVX-512 bf16 kernel.
+    if CpuKernels::Avx2.available() {
+        let avx2 = engine_with(Precision::Bf16, Vec::new(), Some(CpuKernels::Avx2)).expect("load");
+        assert!(
+            layad_proto::Engine::parity(&avx2)
+                .iter()
+                .all(|r| !r.executor.contains("avx512-bf16"))
+        );
+    }
+}
+
 #[test]
 fn f16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::F16, 2e-2);

@@ -15,6 +15,7 @@ use pulp::Simd;
 use pulp::WithSimd;
 use rayon::prelude::*;
 
+use crate::layers::cpu_matmul_bf16::Bf16Weight;
 use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedWeight};
 
 /// Rows of the activation tile one kernel call computes.
@@ -185,6 +186,13 @@ impl PackedWeight {
             panels,
             bias,
         }
+    }
+
+    /// The weight rounded to bf16 for the AVX512_BF16 kernel, read straight from the panels.
+    pub(crate) fn to_bf16(&self) -> Bf16Weight {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
+        Bf16Weight::pack_with(value, self.k, self.n, self.bias.clone())
     }
 
     /// The weight quantized to int8 for `kernel`, read straight from the panels.

@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 
 use crate::error::LoadError;
 use crate::layers::cpu_matmul::{CpuKernels, CpuMatmul, PackedWeight};
+use crate::layers::cpu_matmul_bf16::Bf16Weight;
 use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel, QuantizedWeight};
 use crate::weights::Weights;
 
@@ -29,6 +30,8 @@ pub(crate) struct Linear {
     packed: Option<PackedWeight>,
     /// The weight quantized to int8 for the CPU; then neither `weight_t` nor `packed` is used.
     quantized: Option<QuantizedWeight>,
+    /// The weight in bf16 for the AVX512_BF16 kernel; then neither `weight_t` nor `packed` is used.
+    bf16: Option<Bf16Weight>,
 }
 
 impl Linear {
@@ -73,6 +76,7 @@ impl Linear {
             bias,
             packed: None,
             quantized: None,
+            bf16: None,
         })
     }
 
@@ -141,6 +145,21 @@ impl Linear {
         Ok(())
     }
 
+    /// Replaces the packed float32 CPU weight by its bf16 rounding for the AVX512_BF16 kernel
+    /// (`dtype = "bf16"` on such a CPU); the caller checked that the CPU has it.
+    pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
+        if self.bf16.is_some() {
+            return Ok(());
+        }
+        match self.packed.take() {
+            Some(packed) => {
+                self.bf16 = Some(packed.to_bf16());
+                Ok(())
+            }
+            None => candle_core::bail!("bf16 kernels need a weight packed for the CPU kernels"),
+        }
+    }
+
     /// How the int8 weight (VNNI layout) quantizes its activation rows; a no-op otherwise.
     pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
         if let Some(quantized) = &mut self.quantized {
@@ -179,6 +198,9 @@ impl Linear {
                 .to_dtype(DType::F32)?
                 .contiguous()?
                 .apply_op1_no_bwd(&CpuMatmul(quantized));
+        }
+        if let Some(bf16) = &self.bf16 {
+            return x.to_dtype(DType::F32)?.contiguous()?.apply_op1_no_bwd(&CpuMatmul(bf16));
         }
         if let Some(packed) = &self.packed {
             return x

@@ -175,6 +175,16 @@ impl LayaModel {
         self.encoder.quantize_for_cpu()
     }
 
+    /// Switches the encoder's matrix products to bf16 weights and activations with the AVX512_BF16
+    /// kernel (`dtype = "bf16"` on a CPU that has it): the packed float32 weights are rounded to
+    /// bf16 and dropped. Everything else stays float32. CPU models packed for AVX-512 only.
+    pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
+        if !self.device.is_cpu() || !crate::layers::cpu_matmul_bf16::available() {
+            candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")
+        }
+        self.encoder.round_to_bf16_for_cpu()
+    }
+
     /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
     /// are always ~14-bit): 8 bits, or 16 bits as two u8 planes.
     pub fn set_int8_activations(&mut self, bits: Int8Activations) {

@@ -166,6 +166,16 @@ impl Encoder {
         Ok(())
     }
 
+    /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel.
+    pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
+        for layer in &mut self.layers {
+            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
+                linear.round_to_bf16_for_cpu()?;
+            }
+        }
+        Ok(())
+    }
+
     /// How the quantized matrices (VNNI layout) quantize their activation rows.
     pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
         for layer in &mut self.layers {
