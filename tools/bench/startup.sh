@@ -2,20 +2,20 @@
 # Ready after start, paired (docs/benchmarks.md, "Start-up"): the full-size random ModernBERT-large
 # checkpoint written by layad-bench, started RUNS times in turn by each side, order alternating
 # A B B A:
-#   A  layad-worker-gpu alone (the process that loads, packs and warms the checkpoint; the supervisor
+#   A  layad-worker-gpu alone (each binary of WORKERS, e.g. a build before a change and after) (the process that loads, packs and warms the checkpoint; the supervisor
 #      waits for it and adds its own few hundred milliseconds): start until its socket is bound,
 #      which it does only once loaded and warm. Its log's phase timings are kept.
 #   B  upstream `laya-serve` from PYTHON's venv on the same files (a fake HF home whose `english`
 #      root is the checkpoint, as layad-http-bench builds it): start until /health answers 200.
 #
 #   flock -x /work/cpu.lock tools/bench/startup.sh [checkpoint-dir]
-# Knobs (environment): WORKER (target/release/layad-worker-gpu), PYTHON
+# Knobs (environment): WORKERS (target/release/layad-worker-gpu; several, space-separated), PYTHON
 # (/work/venvs/laya-0.4.15/bin/python), THREADS (2), DTYPE (f32), RUNS (3), OUT (target/bench/startup),
 # PORT (18931).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECKPOINT=$(realpath "${1:-target/bench/modernbert-large-v50368}")
-WORKER=${WORKER:-target/release/layad-worker-gpu}
+read -r -a WORKERS <<<"${WORKERS:-target/release/layad-worker-gpu}"
 PYTHON=${PYTHON:-/work/venvs/laya-0.4.15/bin/python}
 THREADS=${THREADS:-2}
 DTYPE=${DTYPE:-f32}
@@ -41,14 +41,14 @@ printf %s "$REV" > "$HF/hub/models--convaiinnovations--laya/refs/main"
 
 now() { date +%s.%N; }
 
-run_layad() {  # $1: log file; prints seconds to ready
+run_layad() {  # $1: worker binary, $2: log file; prints seconds to ready
     local dir; dir=$(mktemp -d); chmod 700 "$dir"
     local t0; t0=$(now)
-    "$WORKER" --socket "$dir/w.sock" --checkpoint "english=$CHECKPOINT" --threads "$THREADS" \
-        --dtype "$DTYPE" --log-format text >"$1" 2>&1 &
+    "$1" --socket "$dir/w.sock" --checkpoint "english=$CHECKPOINT" --threads "$THREADS" \
+        --dtype "$DTYPE" --log-format json >"$2" 2>&1 &
     local pid=$!
     while [ ! -S "$dir/w.sock" ]; do
-        kill -0 "$pid" 2>/dev/null || { echo "worker exited; see $1" >&2; exit 1; }
+        kill -0 "$pid" 2>/dev/null || { echo "worker exited; see $2" >&2; exit 1; }
         sleep 0.05
     done
     local t1; t1=$(now)
@@ -59,8 +59,8 @@ run_layad() {  # $1: log file; prints seconds to ready
 
 run_upstream() {  # $1: log file
     local t0; t0=$(now)
-    env HF_HOME="$HF" HF_HUB_OFFLINE=1 LAYA_DEVICE=cpu LAYA_HOST=127.0.0.1 LAYA_PORT="$PORT" \
-        LAYA_MODELS=english LAYA_THREADS="$THREADS" LAYA_LOG_LEVEL=warning -u LAYA_API_KEY -u LAYA_CPU_AMP \
+    env -u LAYA_API_KEY -u LAYA_CPU_AMP HF_HOME="$HF" HF_HUB_OFFLINE=1 LAYA_DEVICE=cpu LAYA_HOST=127.0.0.1 LAYA_PORT="$PORT" \
+        LAYA_MODELS=english LAYA_THREADS="$THREADS" LAYA_LOG_LEVEL=warning \
         "$(dirname "$PYTHON")/laya-serve" >"$1" 2>&1 &
     local pid=$!
     until curl -fs -o /dev/null "http://127.0.0.1:$PORT/health"; do
@@ -72,18 +72,24 @@ run_upstream() {  # $1: log file
     echo "$t1 - $t0" | bc -l
 }
 
-i=0
-for side in A B B A A B; do
-    [ "$i" -ge $((2 * RUNS)) ] && break
-    i=$((i + 1))
-    if [ "$side" = A ]; then
-        s=$(run_layad "$OUT/layad-$i.log")
-        printf 'run %d layad-worker-gpu (%s) ready after %.2f s\n' "$i" "$DTYPE" "$s"
-        grep -hoE '(weights loaded|int8 gate[^"]*|warm-up done).*' "$OUT/layad-$i.log" | sed 's/^/    /' || true
-    else
-        s=$(run_upstream "$OUT/upstream-$i.log")
-        printf 'run %d laya-serve (%s) ready after %.2f s\n' "$i" "$("$PYTHON" -c 'import importlib.metadata as m; print("laya", m.version("laya"))')" "$s"
+# Round r runs every worker, then upstream; every other round in the reverse order.
+UPSTREAM_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print("laya", m.version("laya"))')
+for r in $(seq 1 "$RUNS"); do
+    sides=("${WORKERS[@]}" upstream)
+    if [ $((r % 2)) = 0 ]; then
+        reversed=(); for ((j = ${#sides[@]} - 1; j >= 0; j--)); do reversed+=("${sides[j]}"); done; sides=("${reversed[@]}")
     fi
-    echo "$side $s" >>"$OUT/times.txt"
+    for side in "${sides[@]}"; do
+        if [ "$side" = upstream ]; then
+            s=$(run_upstream "$OUT/upstream-$r.log")
+            printf 'round %d laya-serve (%s) ready after %.2f s\n' "$r" "$UPSTREAM_VERSION" "$s"
+        else
+            tag=$(basename "$(dirname "$side")")
+            s=$(run_layad "$side" "$OUT/layad-$tag-$r.log")
+            printf 'round %d %s (%s) ready after %.2f s\n' "$r" "$side" "$DTYPE" "$s"
+            grep -hE 'weights loaded|int8 gate|warm-up done|parity gate passed' "$OUT/layad-$tag-$r.log" | sed 's/^/    /' || true
+        fi
+        echo "$r $side $s" >>"$OUT/times.txt"
+    done
 done
 uptime
