@@ -58,6 +58,11 @@ fn device_and_precision(common: &WorkerArgs) -> (DeviceRequest, Option<Precision
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first statement of `main`: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        worker_gpu::device::one_candle_thread_unless_set();
+    }
     let args = Args::parse();
     let (device, precision) = device_and_precision(&args.common);
     let common = args.common.clone();

@@ -436,6 +436,12 @@ fn cpu_model() -> String {
 }
 
 fn main() {
+    // As the worker does, so that in-process times match served ones.
+    // SAFETY: first statement of `main`: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        worker_gpu::device::one_candle_thread_unless_set();
+    }
     let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("layad-bench: {e}");
