@@ -242,6 +242,25 @@ pub fn open_metal(host: &dyn MetalHost) -> Result<Device, String> {
     host.open(0).map_err(|e| e.to_string())
 }
 
+/// Sizes candle's own CPU thread pool (its elementwise ops: adds, casts, copies) to one thread
+/// unless `CANDLE_NUM_THREADS` is set. The matrix products, attention, GeGLU and norms run on the
+/// engine's rayon pool; candle's pool of one thread per physical core spin-waits at a barrier after
+/// each op, and on a machine with few, busy cores those spinning threads took the cores from the
+/// forward: 18% of an int8 forward's profile, and one row of 64 tokens ran in 575 ms with one
+/// candle thread against 912–2333 ms with the default, paired on a 2-vCPU Zen 4 under load
+/// (docs/benchmarks.md).
+///
+/// # Safety
+/// Changes the process environment: call it first thing in `main`, before any other thread
+/// exists (no other thread may read or write the environment meanwhile).
+#[allow(unsafe_code)]
+pub unsafe fn one_candle_thread_unless_set() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: the caller guarantees no other thread exists yet.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}
+
 /// A rayon pool of a fixed size that CPU forwards run in, so each worker process uses exactly the
 /// cores it was given instead of one thread per physical core.
 pub struct CpuThreads {

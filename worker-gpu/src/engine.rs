@@ -1,7 +1,7 @@
 //! `CandleEngine`: the worker's [`Engine`] — several named checkpoints loaded on one device in one
 //! precision, each request checked against the row contract before it reaches the model.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
@@ -13,6 +13,7 @@ use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
 use crate::layers::cpu_matmul::CpuKernels;
+use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::model::LayaModel;
 
 /// How the engine is set up.
@@ -24,11 +25,15 @@ pub struct EngineOptions {
     pub precision: Option<Precision>,
     /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: rayon's
     /// default, one per logical core. candle's own elementwise ops (adds, casts) run on a pool sized
-    /// by `CANDLE_NUM_THREADS` (default: physical cores), which only the process environment sets.
+    /// by `CANDLE_NUM_THREADS`, which only the process environment sets (`layad-worker-gpu` and
+    /// `layad-bench` set it to 1 unless it is set: `device::one_candle_thread_unless_set`).
     pub threads: Option<usize>,
     /// CPU only: the SIMD kernels of the matrix products; `None`: the best this CPU has. Naming one
     /// the CPU lacks fails the load.
     pub cpu_kernels: Option<CpuKernels>,
+    /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: 16 bits (two u8
+    /// planes), what upstream's golden rows need (`gate::quantize_behind_gate`).
+    pub int8_activations: Option<Int8Activations>,
     /// Most rows in one forward.
     pub max_rows: u32,
     /// Most tokens (sum of row lengths) in one forward.
@@ -45,6 +50,7 @@ impl Default for EngineOptions {
             precision: None,
             threads: None,
             cpu_kernels: None,
+            int8_activations: None,
             max_rows: DEFAULT_MAX_ROWS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             length_buckets: Vec::new(),
@@ -132,6 +138,12 @@ impl CandleEngine {
         } else {
             None
         };
+        // bf16 on a CPU with AVX512_BF16 loads float32 and runs the encoder's products with the
+        // native bf16 kernel (candle's bf16 CPU path is slower than f32 there).
+        let bf16_kernels = precision == Precision::Bf16
+            && cpu_kernels == Some(CpuKernels::Avx512)
+            && crate::layers::cpu_matmul_bf16::available();
+        let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();
         for (name, checkpoint) in &opened {
@@ -139,10 +151,17 @@ impl CandleEngine {
             // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
             // run the gate's rows against a float32 load on the CPU.
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
-                let mut model =
-                    LayaModel::load_with_kernels(name, checkpoint, &device.device, precision.dtype(), kernels)?;
+                let mut model = LayaModel::load_with_kernels(name, checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
-                    Precision::Int8 => Some(gate::quantize_behind_gate(name, checkpoint, &mut model)?),
+                    Precision::Int8 => Some(gate::quantize_behind_gate(
+                        name,
+                        checkpoint,
+                        &mut model,
+                        options.int8_activations,
+                    )?),
+                    Precision::Bf16 if bf16_kernels => {
+                        Some(gate::bf16_kernels_behind_gate(name, checkpoint, &mut model)?)
+                    }
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
                         checkpoint,

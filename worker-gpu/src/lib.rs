@@ -38,4 +38,5 @@ pub use device::{DeviceRequest, Precision, SelectedDevice};
 pub use engine::{CandleEngine, EngineOptions};
 pub use error::LoadError;
 pub use layers::cpu_matmul::CpuKernels;
+pub use layers::cpu_matmul_int8::Int8Activations;
 pub use model::LayaModel;

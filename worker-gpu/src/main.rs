@@ -58,6 +58,11 @@ fn device_and_precision(common: &WorkerArgs) -> (DeviceRequest, Option<Precision
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first statement of `main`: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        worker_gpu::device::one_candle_thread_unless_set();
+    }
     let args = Args::parse();
     let (device, precision) = device_and_precision(&args.common);
     let common = args.common.clone();
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
         precision,
         threads: common.threads,
         cpu_kernels: args.cpu_kernels.0,
+        int8_activations: None,
         max_rows: common.max_rows,
         max_batch_tokens: common.max_batch_tokens,
         length_buckets: common.length_buckets.clone(),

@@ -20,6 +20,7 @@ fn options() -> EngineOptions {
         precision: None,
         threads: Some(1),
         cpu_kernels: None,
+        int8_activations: None,
         max_rows: 4,
         max_batch_tokens: 100,
         length_buckets: Vec::new(),

@@ -13,7 +13,9 @@ use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::question::QuestionType;
 use laya::routing::CheckpointName;
 use layad_proto::{Engine, EngineOutput, EngineRow};
-use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, LoadError, Precision, parity};
+use worker_gpu::{
+    CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, LoadError, Precision, parity,
+};
 
 fn fixture_cache() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"))
@@ -257,6 +259,34 @@ fn bf16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::Bf16, 7e-2);
 }
 
+/// On a CPU with AVX512_BF16 the bf16 engine runs the native bf16 kernel (its gate says so);
+/// elsewhere candle's bf16 path, gated the same way.
+#[test]
+fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
+    #[cfg(target_arch = "x86_64")]
+    let native = CpuKernels::Avx512.available()
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    let native = false;
+    let engine = engine(Precision::Bf16);
+    let reports = layad_proto::Engine::parity(&engine);
+    assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
+    for report in &reports {
+        assert_eq!(report.executor.contains("avx512-bf16"), native, "{report:?}");
+        assert!(report.max_probability_diff <= 0.02, "{report:?}");
+    }
+    // An AVX2 engine never takes the AVX-512 bf16 kernel.
+    if CpuKernels::Avx2.available() {
+        let avx2 = engine_with(Precision::Bf16, Vec::new(), Some(CpuKernels::Avx2)).expect("load");
+        assert!(
+            layad_proto::Engine::parity(&avx2)
+                .iter()
+                .all(|r| !r.executor.contains("avx512-bf16"))
+        );
+    }
+}
+
 #[test]
 fn f16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::F16, 2e-2);
@@ -264,19 +294,86 @@ fn f16_stays_close_to_upstream() {
 
 /// int8 against upstream's own float32 numbers, with the parity gate's rule (the one the worker
 /// applies at load against our float32 forward): calibrated probabilities and act probabilities
-/// within 0.02, no hard decision mismatch, all finite, on every golden row.
+/// within 0.02, no hard decision mismatch, all finite, on every golden row. Every integer kernel
+/// this CPU has: the default (AVX512-VNNI with 16-bit activations where the CPU has VNNI) and the
+/// AVX2 i16 kernel (`cpu_kernels = avx2`).
 #[test]
 fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
-    let mut engine = engine(Precision::Int8);
-    assert_eq!(engine.precision(), Precision::Int8);
-    let reports = layad_proto::Engine::parity(&engine);
-    assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
-    assert!(
-        reports.iter().all(|r| r.rows >= 8 && r.hard_mismatches == 0),
-        "{reports:?}"
-    );
+    let vnni = cfg!(target_arch = "x86_64") && CpuKernels::Avx512.available() && has_vnni();
+    let mut kernels = vec![(None, if vnni { "avx512-vnni u16 activations" } else { "" })];
+    if CpuKernels::Avx2.available() {
+        kernels.push((Some(CpuKernels::Avx2), "avx2 i16 activations"));
+    }
+    if !vnni {
+        eprintln!("this CPU has no AVX512-VNNI: its int8 kernel is not tested here");
+    }
+    for (family, executor) in kernels {
+        let mut engine = engine_with(Precision::Int8, Vec::new(), family).expect("load");
+        assert_eq!(engine.precision(), Precision::Int8);
+        let reports = layad_proto::Engine::parity(&engine);
+        assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
+        assert!(
+            reports
+                .iter()
+                .all(|r| r.rows >= 8 && r.hard_mismatches == 0 && r.executor.contains(executor)),
+            "{reports:?}"
+        );
+        let summary = int8_against_goldens(&mut engine, &format!("{family:?} {executor}"));
+        assert_eq!(summary.failure(), None, "{family:?}: {summary:?}");
+    }
+}
+
+/// 8-bit activations on the VNNI kernel (`int8_activations = u8`), measured against the goldens:
+/// what made 16 bits the default. Loaded with the gate's own verdict; the golden numbers are
+/// printed, and must be worse than 16 bits' (or the default would be wrong).
+#[test]
+fn eight_bit_activations_are_measured_against_the_goldens() {
+    if !(CpuKernels::Avx512.available() && has_vnni()) {
+        eprintln!("this CPU has no AVX512-VNNI: skipped");
+        return;
+    }
+    let load = |activations| {
+        let checkpoints: Vec<(String, Location)> = CheckpointName::ALL
+            .iter()
+            .map(|&name| (name.as_str().to_owned(), location(name)))
+            .collect();
+        CandleEngine::load(
+            &checkpoints,
+            EngineOptions {
+                device: DeviceRequest::Cpu,
+                precision: Some(Precision::Int8),
+                threads: Some(2),
+                int8_activations: Some(activations),
+                ..EngineOptions::default()
+            },
+        )
+    };
+    let mut sixteen = load(Int8Activations::U16).expect("16-bit activations pass the gate");
+    let sixteen = int8_against_goldens(&mut sixteen, "u16");
+    match load(Int8Activations::U8) {
+        // The gate's 8 rows may refuse 8 bits outright on some checkpoint.
+        Err(refused) => eprintln!("u8: refused at load: {refused}"),
+        Ok(mut eight) => {
+            let eight = int8_against_goldens(&mut eight, "u8");
+            assert!(eight.max_probability_diff > sixteen.max_probability_diff);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_vnni() -> bool {
+    false
+}
+
+/// Every golden row through an int8 engine, judged with the parity rule against upstream's numbers.
+fn int8_against_goldens(engine: &mut CandleEngine, label: &str) -> parity::GateSummary {
     let mut summary = parity::GateSummary::default();
-    let (logit, act, rows) = run_goldens(&mut engine, |_, _, golden, out, checkpoint| {
+    let (logit, act, rows) = run_goldens(engine, |_, _, golden, out, checkpoint| {
         let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
         let index = summary.rows;
         summary.add(
@@ -285,11 +382,11 @@ fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
         );
     });
     eprintln!(
-        "int8: {rows} rows, worst |Δp| {:.5}, worst |Δact p| {:.5}, worst |Δlogit| {logit:.4}, worst |Δact| {act:.5}, near-tie flips {:?}",
+        "int8 {label}: {rows} rows, worst |Δp| {:.5}, worst |Δact p| {:.5}, worst |Δlogit| {logit:.4}, worst |Δact| {act:.5}, near-tie flips {:?}",
         summary.max_probability_diff, summary.max_act_probability_diff, summary.near_tie_flips
     );
     assert!(rows >= 150, "only {rows} golden rows");
-    assert_eq!(summary.failure(), None, "{summary:?}");
+    summary
 }
 
 /// Rows of different requests and lengths, padded together in several orders, give what each row

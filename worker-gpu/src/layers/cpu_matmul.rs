@@ -15,6 +15,9 @@ use pulp::Simd;
 use pulp::WithSimd;
 use rayon::prelude::*;
 
+use crate::layers::cpu_matmul_bf16::Bf16Weight;
+use crate::layers::cpu_matmul_int8::{Int8Kernel, QuantizedWeight};
+
 /// Rows of the activation tile one kernel call computes.
 pub(crate) const MR: usize = 6;
 /// Depth of one pass: a weight panel's slice of `KC` rows stays in L1 while every row tile uses it.
@@ -122,7 +125,9 @@ pub(crate) struct PackedWeight {
 }
 
 impl PackedWeight {
-    /// Packs `weight_t` (`[k, n]` row-major) and an optional bias `[n]` for `kernels` (not `Gemm`).
+    /// Packs `weight_t` (`[k, n]` row-major) and an optional bias `[n]` for `kernels` (not `Gemm`):
+    /// the tests' way in; a load packs the file's layout with [`PackedWeight::pack_out_in`].
+    #[cfg(test)]
     pub(crate) fn pack(weight_t: &[f32], k: usize, n: usize, bias: Option<Vec<f32>>, kernels: CpuKernels) -> Self {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
@@ -144,17 +149,57 @@ impl PackedWeight {
         }
     }
 
-    /// The weight back as `[k, n]` row-major, with the bias: what [`PackedWeight::pack`] was given.
-    pub(crate) fn unpack(&self) -> (Vec<f32>, usize, usize, Option<Vec<f32>>) {
-        let (k, n, nr) = (self.k, self.n, self.nr);
-        let mut weight_t = vec![0f32; k * n];
-        for (p, panel) in self.panels.chunks_exact(k * nr).enumerate() {
-            let width = nr.min(n - p * nr);
-            for (row, src) in panel.chunks_exact(nr).enumerate() {
-                weight_t[row * n + p * nr..row * n + p * nr + width].copy_from_slice(&src[..width]);
+    /// Packs `weight` as the file holds it, `[n, k]` (PyTorch's `[out, in]`): the same panels as
+    /// [`PackedWeight::pack`] of its transpose, without the transpose. With `scale = (start, len,
+    /// factor)`, outputs `start..start + len` are multiplied by `factor` on the way.
+    pub(crate) fn pack_out_in(
+        weight: &[f32],
+        k: usize,
+        n: usize,
+        bias: Option<Vec<f32>>,
+        kernels: CpuKernels,
+        scale: Option<(usize, usize, f64)>,
+    ) -> Self {
+        let nr = kernels.panel_width();
+        let count = n.div_ceil(nr);
+        let mut panels = vec![0f32; count * k * nr];
+        panels.par_chunks_mut(k * nr).enumerate().for_each(|(p, panel)| {
+            for c in 0..nr.min(n - p * nr) {
+                let col = p * nr + c;
+                let row = &weight[col * k..(col + 1) * k];
+                let factor = match scale {
+                    Some((start, len, factor)) if (start..start + len).contains(&col) => Some(factor as f32),
+                    _ => None,
+                };
+                let column = panel.iter_mut().skip(c).step_by(nr);
+                match factor {
+                    Some(factor) => column.zip(row).for_each(|(dst, &v)| *dst = v * factor),
+                    None => column.zip(row).for_each(|(dst, &v)| *dst = v),
+                }
             }
+        });
+        Self {
+            kernels,
+            k,
+            n,
+            nr,
+            panels,
+            bias,
         }
-        (weight_t, k, n, self.bias.clone())
+    }
+
+    /// The weight rounded to bf16 for the AVX512_BF16 kernel, read straight from the panels.
+    pub(crate) fn to_bf16(&self) -> Bf16Weight {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
+        Bf16Weight::pack_with(value, self.k, self.n, self.bias.clone())
+    }
+
+    /// The weight quantized to int8 for `kernel`, read straight from the panels.
+    pub(crate) fn quantize(&self, kernel: Int8Kernel) -> QuantizedWeight {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
+        QuantizedWeight::quantize_with(value, self.k, self.n, self.bias.clone(), kernel)
     }
 
     /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
@@ -459,6 +504,43 @@ pub(crate) mod tests {
                     let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                     assert!(worst < 1e-4, "{kernels} {m}x{k}x{n} bias {with_bias}: {worst}");
                 }
+            }
+        }
+    }
+
+    /// Packing the file's `[out, in]` layout gives the panels of packing its transpose (with the
+    /// output scale applied to its rows), and quantizing the panels gives what quantizing the
+    /// matrix does.
+    #[test]
+    fn packing_the_files_layout_matches_packing_the_transpose() {
+        let (k, n) = (70, 45);
+        let w = values(k * n, 4);
+        let mut out_in = vec![0f32; n * k];
+        for d in 0..k {
+            for c in 0..n {
+                out_in[c * k + d] = w[d * n + c];
+            }
+        }
+        let mut scaled = w.clone();
+        for d in 0..k {
+            for c in 10..20 {
+                scaled[d * n + c] *= 0.125;
+            }
+        }
+        let families = [CpuKernels::Avx512, CpuKernels::Avx2];
+        for kernels in families.into_iter().filter(|k| k.available()) {
+            let direct = PackedWeight::pack_out_in(&out_in, k, n, None, kernels, None);
+            assert_eq!(direct.panels, PackedWeight::pack(&w, k, n, None, kernels).panels);
+            let direct = PackedWeight::pack_out_in(&out_in, k, n, None, kernels, Some((10, 10, 0.125)));
+            assert_eq!(direct.panels, PackedWeight::pack(&scaled, k, n, None, kernels).panels);
+            let x = values(3 * k, 5);
+            for int8 in [Int8Kernel::Avx512Vnni, Int8Kernel::Avx2, Int8Kernel::Scalar] {
+                if !int8.available() {
+                    continue;
+                }
+                let from_panels = direct.quantize(int8).matmul(&x, 3);
+                let from_matrix = QuantizedWeight::quantize(&scaled, k, n, None, int8).matmul(&x, 3);
+                assert_eq!(from_panels, from_matrix, "{kernels} {int8:?}");
             }
         }
     }

@@ -5,6 +5,8 @@ pub(crate) mod batch;
 pub(crate) mod decision_head;
 pub(crate) mod modernbert;
 
+use std::time::Instant;
+
 use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
 use layad_proto::{EngineOutput, EngineRow};
@@ -12,7 +14,7 @@ use layad_proto::{EngineOutput, EngineRow};
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
 use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::Int8Kernel;
+use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -131,13 +133,26 @@ impl LayaModel {
             });
         }
         let max_len = checkpoint.agent.max_len.max(laya::request::DEFAULT_MAX_TOKEN_BUDGET);
+        // Each phase's time is logged: start-up is part of what an operator waits for.
+        let started = Instant::now();
         let mut weights = Weights::read(&checkpoint.weights.path, device)?;
+        let read_ms = started.elapsed().as_secs_f64() * 1e3;
         let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
         let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
         weights.finish()?;
+        let built_ms = started.elapsed().as_secs_f64() * 1e3;
         let packing = |e: candle_core::Error| LoadError::Device(format!("packing weights for {kernels}: {e}"));
         encoder.pack_for_cpu(kernels).map_err(packing)?;
         head.pack_for_cpu(kernels).map_err(packing)?;
+        let total_ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(
+            checkpoint = name,
+            read_ms,
+            build_ms = built_ms - read_ms,
+            pack_ms = total_ms - built_ms,
+            total_ms,
+            "weights loaded"
+        );
         Ok(Self {
             encoder,
             head,
@@ -150,11 +165,41 @@ impl LayaModel {
     /// Switches the encoder's matrix products to int8 weights (`dtype = "int8"`): each matrix is
     /// quantized per output column from the loaded float32 weights, which are then dropped.
     /// Embeddings, norms, attention and the decision head stay float32. CPU and f32 models only.
+    /// The integer kernel follows the float family the model was packed for: AVX512-VNNI (u8 × s8,
+    /// 8-bit activations until [`LayaModel::set_int8_activations`] says otherwise) beside AVX-512
+    /// where the CPU has VNNI, the AVX2 i16 kernel beside AVX2.
     pub fn quantize_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() {
             candle_core::bail!("int8 runs on the CPU only")
         }
-        self.encoder.quantize_for_cpu(Int8Kernel::detect())
+        self.encoder.quantize_for_cpu()
+    }
+
+    /// Switches the encoder's matrix products to bf16 weights and activations with the AVX512_BF16
+    /// kernel (`dtype = "bf16"` on a CPU that has it): the packed float32 weights are rounded to
+    /// bf16 and dropped. Everything else stays float32. CPU models packed for AVX-512 only.
+    pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
+        if !self.device.is_cpu() || !crate::layers::cpu_matmul_bf16::available() {
+            candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")
+        }
+        self.encoder.round_to_bf16_for_cpu()
+    }
+
+    /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
+    /// are always ~14-bit): 8 bits, or 16 bits as two u8 planes.
+    pub fn set_int8_activations(&mut self, bits: Int8Activations) {
+        self.encoder.set_int8_activations(bits);
+    }
+
+    /// The activations of the int8 matrices when they run the VNNI kernel (`None` for the AVX2 and
+    /// portable kernels, and before quantizing).
+    pub fn int8_activations(&self) -> Option<Int8Activations> {
+        self.encoder.int8_activations()
+    }
+
+    /// The int8 kernel and its activations (`avx512-vnni u8 activations`), once quantized.
+    pub fn int8_kernel(&self) -> Option<String> {
+        self.encoder.int8_kernel()
     }
 
     /// The in-graph part of the Neural Engine worker's `bc1s-masked` contract on one row padded to

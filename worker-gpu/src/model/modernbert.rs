@@ -12,7 +12,7 @@ use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::GeGluOp;
 use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::Int8Kernel;
+use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel};
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
@@ -154,14 +154,45 @@ impl Encoder {
         Ok(())
     }
 
-    /// Replaces every encoder matrix by its int8 quantization (`dtype = "int8"`, CPU only).
-    pub(crate) fn quantize_for_cpu(&mut self, kernel: Int8Kernel) -> candle_core::Result<()> {
+    /// Replaces every encoder matrix by its int8 quantization (`dtype = "int8"`, CPU only), for the
+    /// integer kernel that goes with the packed float family.
+    pub(crate) fn quantize_for_cpu(&mut self) -> candle_core::Result<()> {
+        let kernel = Int8Kernel::for_family(self.kernels);
         for layer in &mut self.layers {
             for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
                 linear.quantize_for_cpu(kernel)?;
             }
         }
         Ok(())
+    }
+
+    /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel.
+    pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
+        for layer in &mut self.layers {
+            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
+                linear.round_to_bf16_for_cpu()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How the quantized matrices (VNNI layout) quantize their activation rows.
+    pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
+        for layer in &mut self.layers {
+            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
+                linear.set_int8_activations(bits);
+            }
+        }
+    }
+
+    /// The activations of the quantized matrices when they run the VNNI kernel.
+    pub(crate) fn int8_activations(&self) -> Option<Int8Activations> {
+        self.layers.first().and_then(|layer| layer.wqkv.int8_activations())
+    }
+
+    /// The integer kernel and activations of the quantized matrices (`None` before quantizing).
+    pub(crate) fn int8_kernel(&self) -> Option<String> {
+        self.layers.first().and_then(|layer| layer.wqkv.int8_kernel())
     }
 
     /// The masks for rows of `lengths` padded to `len`.

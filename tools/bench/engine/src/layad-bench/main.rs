@@ -17,7 +17,7 @@ use laya::checkpoint::Location;
 use layad_proto::{Engine, EngineRow};
 use serde_json::{Value, json};
 use worker_gpu::device::CpuThreads;
-use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, Precision};
 
 use checkpoint::ModelSpec;
 use upstream::UpstreamSession;
@@ -47,6 +47,10 @@ struct Args {
     /// gemm (candle's matmul and composed attention, the engine before run-time kernels).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     cpu_kernels: Vec<String>,
+    /// int8 only: activation quantization of the VNNI kernel to run each int8 engine with: auto (the
+    /// engine's default, u16), u8, u16 (the AVX2 kernel ignores it). Each passes the gate first.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    int8_activations: Vec<String>,
     /// The candle engine's device: cpu, cuda, cuda:N, metal (a GPU that cannot be opened fails the
     /// run instead of falling back). The GEMM peak and torch stay on the CPU.
     #[arg(long, default_value = "cpu")]
@@ -192,6 +196,14 @@ fn run(args: &Args) -> Result<(), String> {
         .iter()
         .map(|k| CpuKernels::parse(k))
         .collect::<Result<_, _>>()?;
+    let activation_choices: Vec<Option<Int8Activations>> = args
+        .int8_activations
+        .iter()
+        .map(|a| match a.trim() {
+            "auto" => Ok(None),
+            other => Int8Activations::parse(other).map(Some),
+        })
+        .collect::<Result<_, _>>()?;
     let mut cells = Vec::new();
     let mut parity = Vec::new();
     let mut parity_gates = Vec::new();
@@ -229,15 +241,23 @@ fn run(args: &Args) -> Result<(), String> {
         // bf16 engine (whose CPU matmuls allocate f32 copies of the weights) slowed f32 forwards by
         // up to 30%, and alternating with torch forward by forward by 8-15%.
         let mut candle_f32 = Vec::new();
-        let engines = precisions
-            .iter()
-            .flat_map(|&p| kernel_choices.iter().map(move |&k| (p, k)));
-        for (precision, cpu_kernels) in engines {
+        let engines = precisions.iter().flat_map(|&p| {
+            let activations: &[Option<Int8Activations>] = if p == Precision::Int8 {
+                &activation_choices
+            } else {
+                &[None]
+            };
+            kernel_choices
+                .iter()
+                .flat_map(move |&k| activations.iter().map(move |&a| (p, k, a)))
+        });
+        for (precision, cpu_kernels, int8_activations) in engines {
             let options = EngineOptions {
                 device,
                 precision: Some(precision),
                 threads: Some(args.threads),
                 cpu_kernels,
+                int8_activations,
                 max_rows: 64,
                 max_batch_tokens: 1 << 20,
                 length_buckets: Vec::new(),
@@ -264,13 +284,22 @@ fn run(args: &Args) -> Result<(), String> {
                     "hard_mismatches": gate.hard_mismatches, "near_tie_flips": gate.near_tie_flips,
                 }));
             }
+            // int8 names its integer kernel and activations, as the gate's executor does.
+            let int8_kernel = engine
+                .parity()
+                .first()
+                .filter(|_| precision == Precision::Int8)
+                .and_then(|gate| gate.executor.strip_prefix("candle cpu int8 "))
+                .and_then(|rest| rest.split(" (").next())
+                .map(|kernel| format!(" ({kernel})"))
+                .unwrap_or_default();
             for &shape in &shapes {
                 let inputs = bench_rows(shape.0, shape.1, spec.vocab);
                 let kernels = engine.kernels().map_or_else(
                     || worker_gpu::device::device_label(engine.device()),
                     |k| k.as_str().to_owned(),
                 );
-                let mut cell = new_cell(format!("candle {precision} {kernels}"), shape);
+                let mut cell = new_cell(format!("candle {precision} {kernels}{int8_kernel}"), shape);
                 // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
                 std::thread::sleep(gap);
                 let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
@@ -407,6 +436,12 @@ fn cpu_model() -> String {
 }
 
 fn main() {
+    // As the worker does, so that in-process times match served ones.
+    // SAFETY: first statement of `main`: no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        worker_gpu::device::one_candle_thread_unless_set();
+    }
     let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("layad-bench: {e}");

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Ready after start, paired (docs/benchmarks.md, "Start-up"): the full-size random ModernBERT-large
+# checkpoint written by layad-bench, started RUNS times in turn by each side, order alternating
+# A B B A:
+#   A  layad-worker-gpu alone (each binary of WORKERS, e.g. a build before a change and after) (the process that loads, packs and warms the checkpoint; the supervisor
+#      waits for it and adds its own few hundred milliseconds): start until its socket is bound,
+#      which it does only once loaded and warm. Its log's phase timings are kept.
+#   B  upstream `laya-serve` from PYTHON's venv on the same files (a fake HF home whose `english`
+#      root is the checkpoint, as layad-http-bench builds it): start until /health answers 200.
+#
+#   flock -x /work/cpu.lock tools/bench/startup.sh [checkpoint-dir]
+# Knobs (environment): WORKERS (target/release/layad-worker-gpu; several, space-separated), PYTHON
+# (/work/venvs/laya-0.4.15/bin/python), THREADS (2), DTYPE (f32), RUNS (3), OUT (target/bench/startup),
+# PORT (18931).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CHECKPOINT=$(realpath "${1:-target/bench/modernbert-large-v50368}")
+read -r -a WORKERS <<<"${WORKERS:-target/release/layad-worker-gpu}"
+PYTHON=${PYTHON:-/work/venvs/laya-0.4.15/bin/python}
+THREADS=${THREADS:-2}
+DTYPE=${DTYPE:-f32}
+RUNS=${RUNS:-3}
+OUT=${OUT:-target/bench/startup}
+PORT=${PORT:-18931}
+mkdir -p "$OUT"
+grep -m1 "model name" /proc/cpuinfo
+grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512_vnni|avx512_bf16|amx_int8|amx_bf16)$' | tr '\n' ' '
+echo; uptime
+
+# The fake HF home: hub/models--convaiinnovations--laya/snapshots/<rev>/ -> the checkpoint's files.
+HF=$(mktemp -d)
+trap 'rm -rf "$HF"' EXIT
+REV=0000000000000000000000000000000000000bec
+SNAP="$HF/hub/models--convaiinnovations--laya/snapshots/$REV"
+for f in rl_agent_config.json model.safetensors encoder/config.json tokenizer/tokenizer.json tokenizer/tokenizer_config.json; do
+    mkdir -p "$(dirname "$SNAP/$f")"
+    ln -s "$CHECKPOINT/$f" "$SNAP/$f"
+done
+mkdir -p "$HF/hub/models--convaiinnovations--laya/refs"
+printf %s "$REV" > "$HF/hub/models--convaiinnovations--laya/refs/main"
+
+now() { date +%s.%N; }
+
+run_layad() {  # $1: worker binary, $2: log file; prints seconds to ready
+    local dir; dir=$(mktemp -d); chmod 700 "$dir"
+    local t0; t0=$(now)
+    "$1" --socket "$dir/w.sock" --checkpoint "english=$CHECKPOINT" --threads "$THREADS" \
+        --dtype "$DTYPE" --log-format json >"$2" 2>&1 &
+    local pid=$!
+    while [ ! -S "$dir/w.sock" ]; do
+        kill -0 "$pid" 2>/dev/null || { echo "worker exited; see $2" >&2; exit 1; }
+        sleep 0.05
+    done
+    local t1; t1=$(now)
+    kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    rm -rf "$dir"
+    echo "$t1 - $t0" | bc -l
+}
+
+run_upstream() {  # $1: log file
+    local t0; t0=$(now)
+    env -u LAYA_API_KEY -u LAYA_CPU_AMP HF_HOME="$HF" HF_HUB_OFFLINE=1 LAYA_DEVICE=cpu LAYA_HOST=127.0.0.1 LAYA_PORT="$PORT" \
+        LAYA_MODELS=english LAYA_THREADS="$THREADS" LAYA_LOG_LEVEL=warning \
+        "$(dirname "$PYTHON")/laya-serve" >"$1" 2>&1 &
+    local pid=$!
+    until curl -fs -o /dev/null "http://127.0.0.1:$PORT/health"; do
+        kill -0 "$pid" 2>/dev/null || { echo "laya-serve exited; see $1" >&2; exit 1; }
+        sleep 0.05
+    done
+    local t1; t1=$(now)
+    kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    echo "$t1 - $t0" | bc -l
+}
+
+# Round r runs every worker, then upstream; every other round in the reverse order.
+UPSTREAM_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print("laya", m.version("laya"))')
+for r in $(seq 1 "$RUNS"); do
+    sides=("${WORKERS[@]}" upstream)
+    if [ $((r % 2)) = 0 ]; then
+        reversed=(); for ((j = ${#sides[@]} - 1; j >= 0; j--)); do reversed+=("${sides[j]}"); done; sides=("${reversed[@]}")
+    fi
+    for side in "${sides[@]}"; do
+        if [ "$side" = upstream ]; then
+            s=$(run_upstream "$OUT/upstream-$r.log")
+            printf 'round %d laya-serve (%s) ready after %.2f s\n' "$r" "$UPSTREAM_VERSION" "$s"
+        else
+            tag=$(basename "$(dirname "$side")")
+            s=$(run_layad "$side" "$OUT/layad-$tag-$r.log")
+            printf 'round %d %s (%s) ready after %.2f s\n' "$r" "$side" "$DTYPE" "$s"
+            grep -hE 'weights loaded|int8 gate|warm-up done|parity gate passed' "$OUT/layad-$tag-$r.log" | sed 's/^/    /' || true
+        fi
+        echo "$r $side $s" >>"$OUT/times.txt"
+    done
+done
+uptime
