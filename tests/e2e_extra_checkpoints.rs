@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use layad_system_tests::{Server, bin_dir, fixture_hf_home, get, post_json};
+use layad_system_tests::{Server, fixture_hf_home, get, post_json};
 use serde_json::Value;
 
 /// The fixture english checkpoint's directory (inside the fixture cache's snapshot).
@@ -50,22 +50,6 @@ fn config(extra: &[(&str, &Path)]) -> String {
         }
     }
     text
-}
-
-/// `layad reload --config FILE` against `server`: exit success and its output.
-fn layad_reload(server: &Server, config: &Path) -> (bool, String) {
-    let output = std::process::Command::new(bin_dir().join("layad"))
-        .args(["reload", "--config"])
-        .arg(config)
-        .env("LAYAD_SERVER__LISTEN", server.addr.to_string())
-        .output()
-        .expect("run layad reload");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
 }
 
 fn body(model: Option<&str>) -> String {
@@ -175,7 +159,7 @@ async fn an_extra_checkpoint_is_served_reloaded_out_and_in_under_load_and_a_brok
     // Out: the name is no longer a checkpoint (it routes automatically, as upstream's unknown
     // names do), and the pool is replaced by one without it.
     std::fs::write(&config_path, config(&[])).expect("write config");
-    let (reloaded, output) = layad_reload(&server, &config_path);
+    let (reloaded, output) = server.reload(&config_path);
     assert!(reloaded, "{output}");
     assert!(
         output.contains("checkpoint mine: removed"),
@@ -191,7 +175,7 @@ async fn an_extra_checkpoint_is_served_reloaded_out_and_in_under_load_and_a_brok
 
     // In again: accepted only once a worker has loaded and warmed it.
     std::fs::write(&config_path, config(&[("mine", &mine)])).expect("write config");
-    let (reloaded, output) = layad_reload(&server, &config_path);
+    let (reloaded, output) = server.reload(&config_path);
     assert!(reloaded, "{output}");
     assert!(output.contains("checkpoint mine: added"), "{output}");
     let health = wait_for(&server, Duration::from_secs(120), "mine never came back", |h| {
@@ -214,7 +198,7 @@ async fn an_extra_checkpoint_is_served_reloaded_out_and_in_under_load_and_a_brok
 
     // A broken one is refused with the checkpoint and the file named; nothing changes.
     std::fs::write(&config_path, config(&[("mine", &mine), ("bad", &broken)])).expect("write config");
-    let (reloaded, output) = layad_reload(&server, &config_path);
+    let (reloaded, output) = server.reload(&config_path);
     assert!(!reloaded, "{output}");
     assert!(
         output.contains("checkpoint 'bad'") && output.contains("model.safetensors"),

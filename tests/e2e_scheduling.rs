@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use laya::upstream::Upstream;
 use layad_system_tests::goldens::{golden_body, goldens};
-use layad_system_tests::{Server, bin_dir, deliberate_difference, get, json_differences, post_json};
+use layad_system_tests::{Server, deliberate_difference, get, json_differences, post_json};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -502,22 +502,6 @@ threads = 1
     )
 }
 
-/// `layad reload --config FILE` against `server`: exit success and its output.
-fn layad_reload(server: &Server, config: &std::path::Path) -> (bool, String) {
-    let output = std::process::Command::new(bin_dir().join("layad"))
-        .args(["reload", "--config"])
-        .arg(config)
-        .env("LAYAD_SERVER__LISTEN", server.addr.to_string())
-        .output()
-        .expect("run layad reload");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
-}
-
 /// Keeps sending requests until stopped; counts answers and failures.
 fn load(server: &Server, stop: Arc<AtomicBool>) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -562,7 +546,7 @@ async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_br
 
     // Scale up: the new worker is shown, but never as ready before its warm-up is reported.
     std::fs::write(&config, one_pool(2)).expect("write config");
-    let (reloaded, output) = layad_reload(&server, &config);
+    let (reloaded, output) = server.reload(&config);
     assert!(reloaded, "{output}");
     assert!(output.contains("pool cpu: 1 → 2 workers"), "{output}");
     let start = Instant::now();
@@ -623,7 +607,7 @@ async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_br
         one_pool(1).replace("threads = 1", "threads = 1\nbatch_wait = \"1ms\""),
     )
     .expect("write");
-    let (reloaded, output) = layad_reload(&server, &config);
+    let (reloaded, output) = server.reload(&config);
     assert!(reloaded, "{output}");
     assert!(output.contains("pool cpu: replaced"), "{output}");
     let start = Instant::now();
@@ -643,7 +627,7 @@ async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_br
 
     // A broken file changes nothing and says why, both from `layad reload` and on SIGHUP.
     std::fs::write(&config, format!("{}\nworkerz = 3\n", one_pool(3))).expect("write config");
-    let (reloaded, output) = layad_reload(&server, &config);
+    let (reloaded, output) = server.reload(&config);
     assert!(!reloaded, "{output}");
     assert!(output.contains("workerz"), "{output}");
     kill(Pid::from_raw(server.pid() as i32), Signal::SIGHUP).expect("SIGHUP");

@@ -171,6 +171,23 @@ impl Server {
         std::fs::read_to_string(self.dir.path().join("layad.log")).unwrap_or_default()
     }
 
+    /// `layad reload --config FILE` against this server: whether it exited successfully, and its
+    /// output (stdout and stderr).
+    pub fn reload(&self, config: &Path) -> (bool, String) {
+        let output = std::process::Command::new(bin_dir().join("layad"))
+            .args(["reload", "--config"])
+            .arg(config)
+            .env("LAYAD_SERVER__LISTEN", self.addr.to_string())
+            .output()
+            .expect("run layad reload");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    }
+
     /// Waits until `GET /readyz` answers 200.
     pub async fn wait_ready(&mut self, timeout: Duration) {
         let start = Instant::now();
