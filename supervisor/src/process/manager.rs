@@ -370,7 +370,7 @@ async fn run_once(
     tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
 
     let mut serving = true;
-    loop {
+    let (ended, why) = loop {
         tokio::select! {
             status = process.wait() => {
                 pool.retire(index);
@@ -381,27 +381,8 @@ async fn run_once(
                     served_for: serving_since.elapsed(),
                 });
             }
-            () = stop.cancelled() => {
-                pool.retire(index);
-                retired.cancel();
-                // Let the worker answer what it already accepted, then stop it.
-                let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
-                let status = process.terminate(settings.stop_timeout).await;
-                dead.cancel();
-                let _ = logs.await;
-                crashed(status, "(stopped)");
-                return Ok(Ended::Stopped);
-            }
-            () = &mut idle, if serving => {
-                pool.retire(index);
-                retired.cancel();
-                let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
-                let status = process.terminate(settings.stop_timeout).await;
-                dead.cancel();
-                let _ = logs.await;
-                crashed(status, "(idle unload)");
-                return Ok(Ended::Unloaded);
-            }
+            () = stop.cancelled() => break (Ended::Stopped, "(stopped)"),
+            () = &mut idle, if serving => break (Ended::Unloaded, "(idle unload)"),
             update = states.next(), if serving => {
                 let failure = match update {
                     Some(Ok(status)) if status.state() == pb::WorkerState::Ready => continue,
@@ -420,7 +401,17 @@ async fn run_once(
                 pool.update_worker(index, |w| w.last_error = Some(failure));
             }
         }
-    }
+    };
+    // Stopped or unloaded: out of the pool, let the worker answer what it already accepted, then
+    // stop it.
+    pool.retire(index);
+    retired.cancel();
+    let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
+    let status = process.terminate(settings.stop_timeout).await;
+    dead.cancel();
+    let _ = logs.await;
+    crashed(status, why);
+    Ok(ended)
 }
 
 /// For an exit code that says restarting cannot help, what it means (the reason when the worker
