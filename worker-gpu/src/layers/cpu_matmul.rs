@@ -205,38 +205,13 @@ impl PackedWeight {
     /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, n, nr) = (self.k, self.n, self.nr);
-        let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
-            return out;
+            return vec![0f32; m * n];
         }
         let packed_x = pack_rows(x, m, k);
-        let panels = n.div_ceil(nr);
-        let per_task = panels_per_task(panels);
-        let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
-            .step_by(per_task)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|first| {
-                let count = per_task.min(panels - first);
-                let mut block = vec![0f32; m * count * nr];
-                self.block(&packed_x, m, first, count, &mut block);
-                (first, block)
-            })
-            .collect();
-        for (first, block) in blocks {
-            let width = (per_task * nr).min(n - first * nr).min(block.len() / m);
-            let stride = block.len() / m;
-            for (row, dst) in out.chunks_exact_mut(n).enumerate() {
-                let dst = &mut dst[first * nr..first * nr + width];
-                dst.copy_from_slice(&block[row * stride..row * stride + width]);
-                if let Some(bias) = &self.bias {
-                    for (o, b) in dst.iter_mut().zip(&bias[first * nr..]) {
-                        *o += b;
-                    }
-                }
-            }
-        }
-        out
+        in_column_blocks(m, n, nr, self.bias.as_deref(), |first, count, block| {
+            self.block(&packed_x, m, first, count, block);
+        })
     }
 
     /// Panels `first .. first + count` for every row into `block` (`[m, count·nr]`). Per depth
@@ -311,6 +286,49 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
             }
         }
     }
+}
+
+/// A product `[m, n]` computed in parallel column blocks (f32 and bf16): `block(first, count, out)`
+/// fills panels `first .. first + count` of `nr` columns into `out` (`[m, count·nr]`); each block
+/// is then copied into place with `bias` added.
+pub(crate) fn in_column_blocks(
+    m: usize,
+    n: usize,
+    nr: usize,
+    bias: Option<&[f32]>,
+    block: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    let panels = n.div_ceil(nr);
+    let per_task = panels_per_task(panels);
+    let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
+        .step_by(per_task)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|first| {
+            let count = per_task.min(panels - first);
+            let mut out = vec![0f32; m * count * nr];
+            block(first, count, &mut out);
+            (first, out)
+        })
+        .collect();
+    for (first, block) in blocks {
+        let stride = block.len() / m;
+        let width = stride.min(n - first * nr);
+        for (row, dst) in out.chunks_exact_mut(n).enumerate() {
+            let dst = &mut dst[first * nr..first * nr + width];
+            dst.copy_from_slice(&block[row * stride..row * stride + width]);
+            if let Some(bias) = bias {
+                for (o, b) in dst.iter_mut().zip(&bias[first * nr..]) {
+                    *o += b;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// How many of `panels` column panels one parallel task of a product computes (f32 and int8):

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuWeight, panels_per_task};
+use crate::layers::cpu_matmul::{CpuWeight, in_column_blocks};
 
 /// Columns per packed panel: two AVX-512 registers of f32 sums.
 const NR: usize = 32;
@@ -96,39 +96,13 @@ impl Bf16Weight {
     }
 
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
-        let n = self.n;
-        let mut out = vec![0f32; m * n];
-        if m == 0 || n == 0 {
-            return out;
+        if m == 0 || self.n == 0 {
+            return vec![0f32; m * self.n];
         }
         let packed_x = self.pack_rows(x, m);
-        let panels = n.div_ceil(NR);
-        let per_task = panels_per_task(panels);
-        let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
-            .step_by(per_task)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|first| {
-                let count = per_task.min(panels - first);
-                let mut block = vec![0f32; m * count * NR];
-                self.block(&packed_x, m, first, count, &mut block, portable);
-                (first, block)
-            })
-            .collect();
-        for (first, block) in blocks {
-            let stride = block.len() / m;
-            let width = stride.min(n - first * NR);
-            for (row, dst) in out.chunks_exact_mut(n).enumerate() {
-                let dst = &mut dst[first * NR..first * NR + width];
-                dst.copy_from_slice(&block[row * stride..row * stride + width]);
-                if let Some(bias) = &self.bias {
-                    for (o, b) in dst.iter_mut().zip(&bias[first * NR..]) {
-                        *o += b;
-                    }
-                }
-            }
-        }
-        out
+        in_column_blocks(m, self.n, NR, self.bias.as_deref(), |first, count, block| {
+            self.block(&packed_x, m, first, count, block, portable);
+        })
     }
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
