@@ -23,6 +23,9 @@ One fault per run, on host 2, FAULT_AT seconds in:
   kill-workers     SIGKILL its worker processes; its supervisor restarts them
   cut-link         the host's end of its link down (`ip link set ... down` in its namespace), up
                    again OUTAGE s later: packets to it are dropped silently
+  cut-link-in-flight  the same, but host 2's pool holds each request 3 s (`batch_wait`) so that
+                   requests are on it when the link goes: their answers are lost, and the balancer
+                   must find that out and send them elsewhere within the clients' timeouts
   drain            SIGTERM (layad drains and exits); started again once it has exited
   rolling-upgrade  each host in turn: SIGTERM, wait for the exit, start new binaries (fresh copies of
                    layad and its worker in another directory: the same code, other files), wait
@@ -66,7 +69,7 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FAULTS = ["kill-supervisor", "kill-workers", "cut-link", "drain", "rolling-upgrade", "rolling-reload"]
+FAULTS = ["kill-supervisor", "kill-workers", "cut-link", "cut-link-in-flight", "drain", "rolling-upgrade", "rolling-reload"]
 BALANCERS = ["haproxy", "nginx"]
 SHIPPED_ADDRESSES = ["192.0.2.11:8642", "192.0.2.12:8642", "192.0.2.13:8642"]
 PORT = 8642
@@ -80,6 +83,9 @@ device = "cpu"
 workers = 2
 threads = 1
 """
+# cut-link-in-flight: host 2 holds each request this long before it runs it (waiting for company in
+# a batch), so that requests are in flight on it when its link is cut.
+HOLD_ON_HOST2 = 'batch_wait = "3s"\n'
 EXTRA_POOL = """
 # Added by the rolling reload.
 [[pool]]
@@ -208,6 +214,7 @@ class Balancer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.hosts = hosts
         self.proc: subprocess.Popen | None = None
+        self.saved_sysctls: dict[Path, str] = {}
         self.log_path = self.work / ("haproxy.log" if kind == "haproxy" else "access.log")
 
     def substituted(self, text: str) -> str:
@@ -258,6 +265,7 @@ http {{
 """
             )
             run("nginx", "-t", "-c", str(w / "nginx.conf"))
+            self.apply_sysctls(REPO / "deploy" / "nginx" / "60-layad-upstream-keepalive.conf")
             out = open(w / "nginx.out", "w")
             self.proc = subprocess.Popen(["nginx", "-c", str(w / "nginx.conf")], stdout=out, stderr=subprocess.STDOUT)
             out.close()
@@ -267,6 +275,17 @@ http {{
                 return
             time.sleep(0.2)
         raise RuntimeError(f"{self.kind} does not pass /readyz to the hosts; see {self.work}")
+
+    def apply_sysctls(self, shipped: Path) -> None:
+        """Sets the shipped sysctl file's values on this host, as its comment says to install it; stop()
+        puts the earlier values back (this namespace is the machine's own)."""
+        for line in shipped.read_text().splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            key, value = (part.strip() for part in line.split("=", 1))
+            path = Path("/proc/sys") / key.replace(".", "/")
+            self.saved_sysctls[path] = path.read_text()
+            path.write_text(value)
 
     def stamp(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -294,6 +313,9 @@ http {{
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for path, value in self.saved_sysctls.items():
+            path.write_text(value)
+        self.saved_sysctls.clear()
 
     def dispatches(self) -> list[tuple[float, list[str], int]]:
         """(epoch seconds the request arrived, hosts tried in order, final status) per POST."""
@@ -425,8 +447,10 @@ def summarize(records: list[dict]) -> dict:
 
 def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
     tag = f"{os.getpid() % 1000:03d}"
-    work = Path(tempfile.mkdtemp(prefix=f"layad-balancers-{kind}-{fault}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"lb-{kind}-{fault}-"))
     hosts = [Host(i, tag, work, Path(args.bin_dir)) for i in (1, 2, 3)]
+    if fault == "cut-link-in-flight":
+        hosts[1].config.write_text(POOL_CONFIG + HOLD_ON_HOST2)
     balancer = Balancer(kind, work, hosts)
     load = Load("", args.clients, bodies, args.seed)
     layad_load: subprocess.Popen | None = None
@@ -483,7 +507,7 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
             time.sleep(1)
             target.wait_ready()
             events["ready"] = time.time()
-        elif fault == "cut-link":
+        elif fault in ("cut-link", "cut-link-in-flight"):
             # The host's end goes down: this end loses its carrier and its packets to the host are
             # dropped silently, as across a cut cable (a down near end would remove the route, and
             # the safety route would refuse at once instead).
@@ -567,6 +591,16 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
              "took_s": round(r["end"] - r["start"], 2)}
             for r in records if r["status"] != 200
         ][:50]
+    # Requests open when the fault began (keep-alive and SDK clients): in cut-link-in-flight, those on
+    # host 2 lost their answers and had to be sent again.
+    if "fault" in events:
+        t0 = events["fault"]
+        sdk_path = work / "sdk-load.json"
+        sdk_records = json.loads(sdk_path.read_text())["records"] if sdk_path.exists() else []
+        spans = [(r["start"], r["end"]) for r in records] + [(r["start"], r["end"]) for r in sdk_records]
+        open_at_fault = [end - start for start, end in spans if start <= t0 <= end]
+        result["open_at_fault"] = {"count": len(open_at_fault),
+                                   "longest_s": round(max(open_at_fault), 2) if open_at_fault else None}
     # layad-load's own records (new connection per request).
     ll = work / "layad-load.json"
     if ll.exists():
