@@ -23,6 +23,8 @@
 //!
 //! `y = (acc − z·colsum) · sx[row] · sw[col] (+ bias)` in f32. Measured in docs/benchmarks.md.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, panels_per_task};
@@ -328,9 +330,13 @@ impl QuantizedWeight {
     /// [`Self::matmul`], with the portable tile instead of the SIMD one when `portable`.
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
         let n = self.n;
-        let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
-            return out;
+            return vec![0f32; m * n];
+        }
+        if self.k == 0 {
+            // No depth: every output is its bias (and no depth pass would store the sums).
+            let row = self.bias.clone().unwrap_or_else(|| vec![0f32; n]);
+            return row.repeat(m);
         }
         let (nr, planes, packed_x, quants) = match &self.panels {
             Panels::Pairs { .. } => {
@@ -342,10 +348,6 @@ impl QuantizedWeight {
                 (NR_Q, activations.planes(), Packed::Quads(packed), quants)
             }
         };
-        let column_sums: &[i32] = match &self.panels {
-            Panels::Quads { column_sums, .. } => column_sums,
-            Panels::Pairs { .. } => &[],
-        };
         let panels = n.div_ceil(nr);
         let per_task = panels_per_task(panels);
         let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
@@ -355,54 +357,69 @@ impl QuantizedWeight {
             .map(|first| {
                 let count = per_task.min(panels - first);
                 let stride = count * nr;
-                let mut sums = vec![0i32; m * planes * stride];
-                match &packed_x {
-                    Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, &mut sums, portable),
-                    Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, &mut sums, portable),
-                }
-                let width = stride.min(n - first * nr);
-                let mut block = vec![0f32; m * width];
-                let columns = first * nr..first * nr + width;
-                let scales = &self.column_scales[columns.clone()];
-                let corrections = if column_sums.is_empty() {
-                    &[][..]
-                } else {
-                    &column_sums[columns.clone()]
-                };
-                let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
-                #[cfg(target_arch = "x86_64")]
-                let simd = if portable || planes == 1 && corrections.is_empty() {
-                    None
-                } else {
-                    vnni::Vnni::try_new()
-                };
-                for (row, dst) in block.chunks_exact_mut(width).enumerate() {
-                    let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
-                    let combine = Combine {
-                        hi: plane(0),
-                        lo: (planes == 2).then(|| plane(1)),
-                        corrections,
-                        scales,
-                        bias,
-                        quant: quants[row],
-                    };
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(simd) = simd {
-                        simd.combine(combine, dst);
-                        continue;
+                with_sums(m * planes * stride, |sums| {
+                    match &packed_x {
+                        Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
+                        Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
                     }
-                    combine.scalar(dst);
-                }
-                (first, block)
+                    self.combine_block(sums, m, (planes, stride), first, &quants, portable)
+                })
             })
             .collect();
-        for (first, block) in blocks {
-            let width = block.len() / m;
-            for (dst, src) in out.chunks_exact_mut(n).zip(block.chunks_exact(width)) {
-                dst[first * nr..first * nr + width].copy_from_slice(src);
+        gather_blocks(&blocks, m, n, nr)
+    }
+
+    /// The float outputs `[m, width]` of the column block from panel `first` on, from its integer
+    /// sums (`planes` rows of `stride` sums per row of `x`).
+    fn combine_block(
+        &self,
+        sums: &[i32],
+        m: usize,
+        (planes, stride): (usize, usize),
+        first: usize,
+        quants: &[RowQuant],
+        portable: bool,
+    ) -> (usize, Vec<f32>) {
+        let (column_sums, nr): (&[i32], usize) = match &self.panels {
+            Panels::Quads { column_sums, .. } => (column_sums, NR_Q),
+            Panels::Pairs { .. } => (&[], NR),
+        };
+        let width = stride.min(self.n - first * nr);
+        let mut block = vec![0f32; m * width];
+        let columns = first * nr..first * nr + width;
+        let scales = &self.column_scales[columns.clone()];
+        let corrections = if column_sums.is_empty() {
+            &[][..]
+        } else {
+            &column_sums[columns.clone()]
+        };
+        let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable || corrections.is_empty() {
+            None
+        } else {
+            vnni::Vnni::try_new()
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        for (row, dst) in block.chunks_exact_mut(width).enumerate() {
+            let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
+            let combine = Combine {
+                hi: plane(0),
+                lo: (planes == 2).then(|| plane(1)),
+                corrections,
+                scales,
+                bias,
+                quant: quants[row],
+            };
+            #[cfg(target_arch = "x86_64")]
+            if let Some(simd) = simd {
+                simd.combine(combine, dst);
+                continue;
             }
+            combine.scalar(dst);
         }
-        out
+        (first, block)
     }
 
     /// Pair layout: each row of `x` to `levels`-level integers, packed as row tiles of `MR`: tile
@@ -583,6 +600,48 @@ impl QuantizedWeight {
             depth += kc;
         }
     }
+}
+
+/// Most i32 sums a pool thread keeps for reuse (1 MiB): a 64-token row's column blocks need
+/// 64–128 KiB; a larger batch allocates its (then well amortised) buffers per block.
+const REUSED_SUMS: usize = 1 << 18;
+
+thread_local! {
+    /// The integer sums of one column block, reused across products on each pool thread. Every
+    /// product stores before it reads (its first depth pass does not accumulate), so the buffer is
+    /// never cleared: cleared per block, these buffers were most of an int8 forward's `memset`.
+    static SUMS: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `work` on a buffer of `len` i32 whose contents are unspecified (reused, or zero).
+fn with_sums<R>(len: usize, work: impl FnOnce(&mut [i32]) -> R) -> R {
+    if len > REUSED_SUMS {
+        return work(&mut vec![0; len]);
+    }
+    SUMS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut sums) => {
+            if sums.len() < len {
+                sums.resize(len, 0);
+            }
+            work(&mut sums[..len])
+        }
+        Err(_) => work(&mut vec![0; len]),
+    })
+}
+
+/// The row-major `[m, n]` product from column blocks `(first panel, [m, width])` of `nr`-wide
+/// panels, in panel order and covering every column: appended row by row, so the output is never
+/// cleared first (f32, int8 and bf16 products).
+fn gather_blocks(blocks: &[(usize, Vec<f32>)], m: usize, n: usize, nr: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for (first, block) in blocks {
+            let width = block.len() / m;
+            debug_assert_eq!(out.len() % n, first * nr, "column blocks out of order");
+            out.extend_from_slice(&block[row * width..(row + 1) * width]);
+        }
+    }
+    out
 }
 
 /// `v` rounded to the nearest integer (ties to even) for |v| < 2²², by adding and subtracting
@@ -1314,6 +1373,10 @@ mod tests {
             assert!(y[5..].iter().all(|v| v.is_nan()), "{kernel:?} {bits:?}");
             let zero = quantized(&[0.0; 12], 3, 4, None, kernel, bits);
             assert_eq!(zero.matmul(&[1.0, 2.0, 3.0], 1), vec![0.0; 4]);
+            // No depth at all: the bias, whatever the reused sum buffers held before.
+            let _ = weight.matmul(&values(64 * 8, 7), 64);
+            let no_depth = quantized(&[], 0, 5, Some(vec![2.0; 5]), kernel, bits);
+            assert_eq!(no_depth.matmul(&[], 3), vec![2.0; 15], "{kernel:?} {bits:?}");
         }
     }
 
