@@ -162,8 +162,9 @@ impl LayaModel {
         })
     }
 
-    /// Switches the encoder's matrix products to int8 weights (`dtype = "int8"`): each matrix is
-    /// quantized per output column from the loaded float32 weights, which are then dropped.
+    /// Switches the encoder's (and the head layers') matrix products to int8 weights (`dtype =
+    /// "int8"`): each matrix is quantized per output column from the loaded float32 weights, which
+    /// are then dropped.
     /// The decision head's layers are quantized the same way (their first layer costs about what an
     /// encoder layer does per token); embeddings, norms, attention, the scorer and the act head stay
     /// float32. CPU and f32 models only.
