@@ -617,8 +617,9 @@ pub enum Dtype {
     F16,
     /// bfloat16.
     Bf16,
-    /// `gpu` pools on the CPU only: the encoder's matrix products with int8 weights, served only
-    /// after each checkpoint passes a parity gate against its float32 forward at load.
+    /// `gpu` pools on the CPU only: the encoder's and the decision head's layer matrix products
+    /// with int8 weights, served only after each checkpoint passes a parity gate against its
+    /// float32 forward at load.
     Int8,
 }
 

@@ -58,8 +58,8 @@ pub enum Precision {
     F16,
     /// bfloat16 weights and matmuls (upstream's CUDA autocast with the published `amp_dtype`).
     Bf16,
-    /// CPU only: the encoder's matrix products with int8 weights and integer dot products
-    /// (`layers::cpu_matmul_int8`); everything else float32. Served only behind a parity gate
+    /// CPU only: the matrix products of the encoder and of the decision head's layers with int8
+    /// weights and integer dot products (`layers::cpu_matmul_int8`); everything else float32. Served only behind a parity gate
     /// against the float32 forward ([`crate::gate`]).
     Int8,
 }

@@ -8,6 +8,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{CpuKernels, MR, TileCall, pack_rows};
@@ -63,7 +64,13 @@ impl CustomOp1 for AttentionOp<'_> {
             .into_par_iter()
             .map(|task| {
                 let (row, head) = (task / self.heads, task % self.heads);
-                (row, head, self.head(qkv, row, head))
+                let values = self.kernels.dispatch(HeadTask {
+                    op: self,
+                    qkv,
+                    row,
+                    head,
+                });
+                (row, head, values)
             })
             .collect();
         let mut out = vec![0f32; rows * self.len * d];
@@ -77,8 +84,27 @@ impl CustomOp1 for AttentionOp<'_> {
     }
 }
 
+/// One (row, head) task, compiled for the family's SIMD (`pulp` dispatch) so that the compiler
+/// vectorises RoPE, the packing and the softmax's passes; the products call the micro-kernels.
+struct HeadTask<'a> {
+    op: &'a AttentionOp<'a>,
+    qkv: &'a [f32],
+    row: usize,
+    head: usize,
+}
+
+impl WithSimd for HeadTask<'_> {
+    type Output = Vec<f32>;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> Vec<f32> {
+        self.op.head(self.qkv, self.row, self.head)
+    }
+}
+
 impl AttentionOp<'_> {
     /// The attended values `[n, head_dim]` of one head of one row (`n` its real length).
+    #[inline(always)]
     fn head(&self, qkv: &[f32], row: usize, head: usize) -> Vec<f32> {
         let (hd, n) = (self.head_dim, self.lengths[row]);
         let d = self.heads * hd;
@@ -173,6 +199,7 @@ impl AttentionOp<'_> {
     }
 
     /// RoPE ("rotate half") of one head vector at position `t`, as transformers computes it in f32.
+    #[inline(always)]
     fn rotate(&self, x: &[f32], t: usize, out: &mut [f32]) {
         let half = self.head_dim / 2;
         let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);

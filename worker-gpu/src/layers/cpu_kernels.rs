@@ -48,15 +48,67 @@ impl CustomOp3 for LayerNormOp {
             candle_core::bail!("layer norm: input {:?} vs weight {dim}", x_layout.shape())
         }
         let mut out = vec![0f32; x.len()];
+        let arch = pulp::Arch::new();
         out.par_chunks_mut(dim).zip(x.par_chunks(dim)).for_each(|(out, x)| {
-            let mean = (x.iter().map(|&v| v as f64).sum::<f64>() / dim as f64) as f32;
-            let variance = (x.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / dim as f64) as f32;
-            let inv_std = 1.0 / (variance + self.eps).sqrt();
-            for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
-                *o = (v - mean) * inv_std * w + b;
-            }
+            arch.dispatch(LayerNormRow {
+                x,
+                weight,
+                bias,
+                out,
+                eps: self.eps,
+            });
         });
         Ok((CpuStorage::F32(out), x_layout.shape().clone()))
+    }
+}
+
+/// One row of [`LayerNormOp`], compiled for the widest SIMD the CPU has (`pulp` dispatch): the
+/// sums are split over [`SUM_LANES`] independent f64 accumulators, which the compiler vectorises,
+/// instead of one serial chain of f64 additions per row (each waiting for the last).
+struct LayerNormRow<'a> {
+    x: &'a [f32],
+    weight: &'a [f32],
+    bias: &'a [f32],
+    out: &'a mut [f32],
+    eps: f32,
+}
+
+/// Independent accumulators of a LayerNorm sum.
+const SUM_LANES: usize = 16;
+
+/// `Σ f(v)` over `x` in f64, on [`SUM_LANES`] accumulators.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0f64; SUM_LANES];
+    let chunks = x.chunks_exact(SUM_LANES);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
+impl WithSimd for LayerNormRow<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let Self {
+            x,
+            weight,
+            bias,
+            out,
+            eps,
+        } = self;
+        let dim = x.len() as f64;
+        let mean = (lane_sum(x, f64::from) / dim) as f32;
+        let variance = (lane_sum(x, |v| f64::from(v - mean) * f64::from(v - mean)) / dim) as f32;
+        let inv_std = 1.0 / (variance + eps).sqrt();
+        for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
+            *o = (v - mean) * inv_std * w + b;
+        }
     }
 }
 

@@ -298,9 +298,8 @@ pub(crate) fn in_column_blocks(
     bias: Option<&[f32]>,
     block: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
-        return out;
+        return vec![0f32; m * n];
     }
     let panels = n.div_ceil(nr);
     let per_task = panels_per_task(panels);
@@ -315,14 +314,16 @@ pub(crate) fn in_column_blocks(
             (first, out)
         })
         .collect();
-    for (first, block) in blocks {
-        let stride = block.len() / m;
-        let width = stride.min(n - first * nr);
-        for (row, dst) in out.chunks_exact_mut(n).enumerate() {
-            let dst = &mut dst[first * nr..first * nr + width];
-            dst.copy_from_slice(&block[row * stride..row * stride + width]);
+    // Appended row by row in column order, so the output is never cleared first.
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for (first, block) in &blocks {
+            let stride = block.len() / m;
+            let width = stride.min(n - first * nr);
+            let at = out.len();
+            out.extend_from_slice(&block[row * stride..row * stride + width]);
             if let Some(bias) = bias {
-                for (o, b) in dst.iter_mut().zip(&bias[first * nr..]) {
+                for (o, b) in out[at..].iter_mut().zip(&bias[first * nr..]) {
                     *o += b;
                 }
             }

@@ -23,6 +23,8 @@
 //!
 //! `y = (acc − z·colsum) · sx[row] · sw[col] (+ bias)` in f32. Measured in docs/benchmarks.md.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, panels_per_task};
@@ -328,9 +330,13 @@ impl QuantizedWeight {
     /// [`Self::matmul`], with the portable tile instead of the SIMD one when `portable`.
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
         let n = self.n;
-        let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
-            return out;
+            return vec![0f32; m * n];
+        }
+        if self.k == 0 {
+            // No depth: every output is its bias (and no depth pass would store the sums).
+            let row = self.bias.clone().unwrap_or_else(|| vec![0f32; n]);
+            return row.repeat(m);
         }
         let (nr, planes, packed_x, quants) = match &self.panels {
             Panels::Pairs { .. } => {
@@ -338,13 +344,9 @@ impl QuantizedWeight {
                 (NR, 1, Packed::Pairs(packed), quants)
             }
             Panels::Quads { activations, .. } => {
-                let (packed, quants) = self.quantize_quads(x, m, *activations);
+                let (packed, quants) = self.quantize_quads(x, m, *activations, portable);
                 (NR_Q, activations.planes(), Packed::Quads(packed), quants)
             }
-        };
-        let column_sums: &[i32] = match &self.panels {
-            Panels::Quads { column_sums, .. } => column_sums,
-            Panels::Pairs { .. } => &[],
         };
         let panels = n.div_ceil(nr);
         let per_task = panels_per_task(panels);
@@ -355,51 +357,69 @@ impl QuantizedWeight {
             .map(|first| {
                 let count = per_task.min(panels - first);
                 let stride = count * nr;
-                let mut sums = vec![0i32; m * planes * stride];
-                match &packed_x {
-                    Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, &mut sums, portable),
-                    Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, &mut sums, portable),
-                }
-                let width = stride.min(n - first * nr);
-                let mut block = vec![0f32; m * width];
-                let columns = first * nr..first * nr + width;
-                let scales = &self.column_scales[columns.clone()];
-                for (row, dst) in block.chunks_exact_mut(width).enumerate() {
-                    let RowQuant { scale: sx, zero } = quants[row];
-                    let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
-                    if planes == 2 {
-                        let (hi, lo) = (plane(0), plane(1));
-                        for (c, o) in dst.iter_mut().enumerate() {
-                            let acc = 256 * i64::from(hi[c]) + i64::from(lo[c])
-                                - zero * i64::from(column_sums[columns.start + c]);
-                            *o = acc as f32 * (sx * scales[c]);
-                        }
-                    } else if column_sums.is_empty() {
-                        for ((o, &acc), &sw) in dst.iter_mut().zip(plane(0)).zip(scales) {
-                            *o = acc as f32 * (sx * sw);
-                        }
-                    } else {
-                        let corrections = &column_sums[columns.clone()];
-                        for (((o, &acc), &sw), &sum) in dst.iter_mut().zip(plane(0)).zip(scales).zip(corrections) {
-                            *o = (i64::from(acc) - zero * i64::from(sum)) as f32 * (sx * sw);
-                        }
+                with_sums(m * planes * stride, |sums| {
+                    match &packed_x {
+                        Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
+                        Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
                     }
-                    if let Some(bias) = &self.bias {
-                        for (o, b) in dst.iter_mut().zip(&bias[columns.start..]) {
-                            *o += b;
-                        }
-                    }
-                }
-                (first, block)
+                    self.combine_block(sums, m, (planes, stride), first, &quants, portable)
+                })
             })
             .collect();
-        for (first, block) in blocks {
-            let width = block.len() / m;
-            for (dst, src) in out.chunks_exact_mut(n).zip(block.chunks_exact(width)) {
-                dst[first * nr..first * nr + width].copy_from_slice(src);
+        gather_blocks(&blocks, m, n, nr)
+    }
+
+    /// The float outputs `[m, width]` of the column block from panel `first` on, from its integer
+    /// sums (`planes` rows of `stride` sums per row of `x`).
+    fn combine_block(
+        &self,
+        sums: &[i32],
+        m: usize,
+        (planes, stride): (usize, usize),
+        first: usize,
+        quants: &[RowQuant],
+        portable: bool,
+    ) -> (usize, Vec<f32>) {
+        let (column_sums, nr): (&[i32], usize) = match &self.panels {
+            Panels::Quads { column_sums, .. } => (column_sums, NR_Q),
+            Panels::Pairs { .. } => (&[], NR),
+        };
+        let width = stride.min(self.n - first * nr);
+        let mut block = vec![0f32; m * width];
+        let columns = first * nr..first * nr + width;
+        let scales = &self.column_scales[columns.clone()];
+        let corrections = if column_sums.is_empty() {
+            &[][..]
+        } else {
+            &column_sums[columns.clone()]
+        };
+        let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable || corrections.is_empty() {
+            None
+        } else {
+            vnni::Vnni::try_new()
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        for (row, dst) in block.chunks_exact_mut(width).enumerate() {
+            let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
+            let combine = Combine {
+                hi: plane(0),
+                lo: (planes == 2).then(|| plane(1)),
+                corrections,
+                scales,
+                bias,
+                quant: quants[row],
+            };
+            #[cfg(target_arch = "x86_64")]
+            if let Some(simd) = simd {
+                simd.combine(combine, dst);
+                continue;
             }
+            combine.scalar(dst);
         }
-        out
+        (first, block)
     }
 
     /// Pair layout: each row of `x` to `levels`-level integers, packed as row tiles of `MR`: tile
@@ -450,8 +470,9 @@ impl QuantizedWeight {
     /// Quad layout: each row of `x` to unsigned levels between its minimum and maximum (zero
     /// included), as one (8-bit) or two (16-bit: high byte, then low byte) plane rows, packed as
     /// tiles of `MR_Q` plane rows: tile `t` holds, per depth quad, `MR_Q` u32 words of four u8
-    /// (zero past the rows and `k`). Returns the packed tiles and each row's quantization.
-    fn quantize_quads(&self, x: &[f32], m: usize, bits: Int8Activations) -> (Vec<u32>, Vec<RowQuant>) {
+    /// (zero past the rows and `k`). Returns the packed tiles and each row's quantization. With
+    /// VNNI (and not `portable`) rows are quantized with AVX-512, to the same levels exactly.
+    fn quantize_quads(&self, x: &[f32], m: usize, bits: Int8Activations, portable: bool) -> (Vec<u32>, Vec<RowQuant>) {
         let Panels::Quads { quads, .. } = &self.panels else {
             return (Vec::new(), vec![RowQuant::default(); m]);
         };
@@ -464,45 +485,45 @@ impl QuantizedWeight {
         // MR_Q is a multiple of both plane counts, so a row's planes share one tile.
         let rows_per_tile = MR_Q / planes;
         let mut quants = vec![RowQuant::default(); tiles * rows_per_tile];
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable { None } else { vnni::Vnni::try_new() };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
         packed
             .par_chunks_mut(quads * MR_Q)
             .zip(quants.par_chunks_mut(rows_per_tile))
             .enumerate()
             .for_each(|(t, (dst, quants))| {
                 let first = t * rows_per_tile;
+                // One row's levels as byte planes (high, then low), zero past `k`.
+                let mut bytes = vec![0u8; planes * quads * 4];
                 for (r, quant) in quants.iter_mut().enumerate().take(rows_per_tile.min(m - first)) {
                     let row = &x[(first + r) * k..(first + r + 1) * k];
-                    let (lo, hi) = row.iter().fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-                    if !(lo.is_finite() && hi.is_finite()) || row.iter().any(|v| v.is_nan()) {
-                        quant.scale = f32::NAN;
-                        continue;
-                    }
-                    if hi == lo {
-                        continue;
-                    }
-                    let scale = (hi - lo) / levels;
-                    let inverse = levels / (hi - lo);
-                    // lo ≤ 0 ≤ hi, so the zero point is within 0..=levels.
-                    let zero = (-lo * inverse).round();
-                    *quant = RowQuant {
-                        scale,
-                        zero: zero as i64,
+                    let (hi_plane, lo_plane) = bytes.split_at_mut(quads * 4);
+                    let lo_plane = (planes == 2).then_some(lo_plane);
+                    #[cfg(target_arch = "x86_64")]
+                    let found = match simd {
+                        Some(simd) => simd.quantize_row(row, levels, hi_plane, lo_plane),
+                        None => quantize_row(row, levels, hi_plane, lo_plane),
                     };
-                    let q = |v: f32| round_small((v * inverse + zero).clamp(0.0, levels)) as u32;
-                    for (d, quad) in row.chunks(4).enumerate() {
-                        let mut word = [0u32; 2];
-                        for (i, &v) in quad.iter().enumerate() {
-                            let u = q(v);
-                            match planes {
-                                2 => {
-                                    word[0] |= (u >> 8) << (8 * i);
-                                    word[1] |= (u & 0xff) << (8 * i);
-                                }
-                                _ => word[0] |= u << (8 * i),
-                            }
-                        }
-                        for (p, &w) in word.iter().enumerate().take(planes) {
-                            dst[d * MR_Q + r * planes + p] = w;
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let found = quantize_row(row, levels, hi_plane, lo_plane);
+                    // A row with a non-finite value (NaN scale) or a constant one: its words stay zero.
+                    let Some(found) = found else {
+                        *quant = RowQuant {
+                            scale: if row.iter().all(|v| v.is_finite()) {
+                                0.0
+                            } else {
+                                f32::NAN
+                            },
+                            zero: 0,
+                        };
+                        continue;
+                    };
+                    *quant = found;
+                    for (p, plane) in bytes.chunks_exact(quads * 4).enumerate() {
+                        for (d, word) in plane.chunks_exact(4).enumerate() {
+                            dst[d * MR_Q + r * planes + p] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
                         }
                     }
                 }
@@ -581,6 +602,48 @@ impl QuantizedWeight {
     }
 }
 
+/// Most i32 sums a pool thread keeps for reuse (1 MiB): a 64-token row's column blocks need
+/// 64–128 KiB; a larger batch allocates its (then well amortised) buffers per block.
+const REUSED_SUMS: usize = 1 << 18;
+
+thread_local! {
+    /// The integer sums of one column block, reused across products on each pool thread. Every
+    /// product stores before it reads (its first depth pass does not accumulate), so the buffer is
+    /// never cleared: cleared per block, these buffers were most of an int8 forward's `memset`.
+    static SUMS: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `work` on a buffer of `len` i32 whose contents are unspecified (reused, or zero).
+fn with_sums<R>(len: usize, work: impl FnOnce(&mut [i32]) -> R) -> R {
+    if len > REUSED_SUMS {
+        return work(&mut vec![0; len]);
+    }
+    SUMS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut sums) => {
+            if sums.len() < len {
+                sums.resize(len, 0);
+            }
+            work(&mut sums[..len])
+        }
+        Err(_) => work(&mut vec![0; len]),
+    })
+}
+
+/// The row-major `[m, n]` product from column blocks `(first panel, [m, width])` of `nr`-wide
+/// panels, in panel order and covering every column: appended row by row, so the output is never
+/// cleared first (f32, int8 and bf16 products).
+fn gather_blocks(blocks: &[(usize, Vec<f32>)], m: usize, n: usize, nr: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(m * n);
+    for row in 0..m {
+        for (first, block) in blocks {
+            let width = block.len() / m;
+            debug_assert_eq!(out.len() % n, first * nr, "column blocks out of order");
+            out.extend_from_slice(&block[row * width..(row + 1) * width]);
+        }
+    }
+    out
+}
+
 /// `v` rounded to the nearest integer (ties to even) for |v| < 2²², by adding and subtracting
 /// 1.5 · 2²³: one float add each way where `f32::round` is a libm call per value on baseline
 /// x86-64 (3% of an int8 forward's profile, and most of quantizing the weights at load). Every
@@ -589,6 +652,95 @@ impl QuantizedWeight {
 fn round_small(v: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     (v + MAGIC) - MAGIC
+}
+
+/// The range `(min, max)` of a row, with zero included; `None` if it holds a NaN or an infinity.
+fn row_range(row: &[f32]) -> Option<(f32, f32)> {
+    let (lo, hi) = row.iter().fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    (lo.is_finite() && hi.is_finite() && !row.iter().any(|v| v.is_nan())).then_some((lo, hi))
+}
+
+/// The quantization of a row of range `(lo, hi)` (`lo ≤ 0 ≤ hi`, `lo < hi`) to `levels` levels:
+/// `(scale, inverse, zero point)`.
+fn row_levels(lo: f32, hi: f32, levels: f32) -> (RowQuant, f32, f32) {
+    let scale = (hi - lo) / levels;
+    let inverse = levels / (hi - lo);
+    // lo ≤ 0 ≤ hi, so the zero point is within 0..=levels.
+    let zero = (-lo * inverse).round();
+    (
+        RowQuant {
+            scale,
+            zero: zero as i64,
+        },
+        inverse,
+        zero,
+    )
+}
+
+/// One activation row of the quad layout to unsigned levels between its minimum and maximum
+/// (zero included): the level of `row[d]` goes to byte `d` of `hi` (8-bit activations), or its high
+/// byte to `hi` and its low byte to `lo` (16-bit). `None` (nothing written) for a row holding a
+/// non-finite value or a constant row (all zeros).
+fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) -> Option<RowQuant> {
+    let (min, max) = row_range(row)?;
+    if min == max {
+        return None;
+    }
+    let (quant, inverse, zero) = row_levels(min, max, levels);
+    let q = |v: f32| round_small((v * inverse + zero).clamp(0.0, levels)) as u32;
+    match lo {
+        Some(lo) => {
+            for ((&v, h), l) in row.iter().zip(hi.iter_mut()).zip(lo.iter_mut()) {
+                let u = q(v);
+                *h = (u >> 8) as u8;
+                *l = (u & 0xff) as u8;
+            }
+        }
+        None => {
+            for (&v, h) in row.iter().zip(hi.iter_mut()) {
+                *h = q(v) as u8;
+            }
+        }
+    }
+    Some(quant)
+}
+
+/// One output row of a quad-layout product from its integer sums: `(acc − zero·Σw) · sx · sw (+ b)`,
+/// `acc` the sums of the 8-bit plane, or `256·hi + lo` of the two 16-bit planes.
+struct Combine<'a> {
+    hi: &'a [i32],
+    lo: Option<&'a [i32]>,
+    /// `Σ_d w(d, c)` per column, or empty (the pair layout: symmetric activations, no zero point).
+    corrections: &'a [i32],
+    scales: &'a [f32],
+    bias: Option<&'a [f32]>,
+    quant: RowQuant,
+}
+
+impl Combine<'_> {
+    /// Output column `c`, as the SIMD combine computes it (the portable code, and the tails).
+    #[inline(always)]
+    fn column(&self, c: usize) -> f32 {
+        let RowQuant { scale: sx, zero } = self.quant;
+        let mut acc = i64::from(self.hi[c]);
+        if let Some(lo) = self.lo {
+            acc = 256 * acc + i64::from(lo[c]);
+        }
+        if let Some(&sum) = self.corrections.get(c) {
+            acc -= zero * i64::from(sum);
+        }
+        let out = acc as f32 * (sx * self.scales[c]);
+        match self.bias {
+            Some(bias) => out + bias[c],
+            None => out,
+        }
+    }
+
+    fn scalar(&self, dst: &mut [f32]) {
+        for (c, o) in dst.iter_mut().enumerate() {
+            *o = self.column(c);
+        }
+    }
 }
 
 /// The activations of one product, packed for its layout.
@@ -653,12 +805,18 @@ mod vnni {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m512i, _mm512_dpbusd_epi32, _mm512_loadu_si512, _mm512_set1_epi32, _mm512_setzero_si512, _mm512_storeu_si512,
+        __m256, __m512, __m512i, _CMP_UNORD_Q, _mm256_add_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps,
+        _mm256_set1_ps, _mm256_storeu_ps, _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask,
+        _mm512_cvtepi32_epi64, _mm512_cvtepi64_ps, _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_loadu_si512,
+        _mm512_mask_cvtepi32_storeu_epi8, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32,
+        _mm512_mul_ps, _mm512_reduce_max_ps, _mm512_reduce_min_ps, _mm512_set1_epi32, _mm512_set1_epi64,
+        _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi64, _mm512_srli_epi32,
+        _mm512_storeu_si512, _mm512_sub_epi64,
     };
 
-    use super::{MR_Q, NR_Q, QuadTileCall};
+    use super::{Combine, MR_Q, NR_Q, QuadTileCall, RowQuant, row_levels};
 
-    /// Proof that this CPU has AVX-512F, AVX-512BW and AVX512-VNNI.
+    /// Proof that this CPU has AVX-512F, AVX-512BW, AVX-512DQ and AVX512-VNNI.
     #[derive(Clone, Copy)]
     pub(super) struct Vnni(());
 
@@ -666,8 +824,27 @@ mod vnni {
         pub(super) fn try_new() -> Option<Self> {
             let has = std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512dq")
                 && std::arch::is_x86_feature_detected!("avx512vnni");
             has.then_some(Self(()))
+        }
+
+        /// [`super::quantize_row`] with AVX-512: the same levels, bytes and quantization exactly.
+        pub(super) fn quantize_row(
+            self,
+            row: &[f32],
+            levels: f32,
+            hi: &mut [u8],
+            lo: Option<&mut [u8]>,
+        ) -> Option<RowQuant> {
+            // SAFETY: a `Vnni` exists only where `try_new` detected every feature it is compiled for.
+            unsafe { quantize_row(row, levels, hi, lo) }
+        }
+
+        /// [`Combine::scalar`] with AVX-512 (8 columns of i64 sums at a time): the same floats.
+        pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+            // SAFETY: as in `quantize_row`.
+            unsafe { combine_row(&combine, dst) }
         }
 
         /// One tile of `rows` (at most `MR_Q`) plane rows.
@@ -689,9 +866,114 @@ mod vnni {
         }
     }
 
+    /// Lanes `0..len` (at most 16) of `values`, zero elsewhere.
+    #[target_feature(enable = "avx512f")]
+    fn load_lanes(values: &[f32], len: usize) -> __m512 {
+        let len = len.min(16).min(values.len());
+        let mask = ((1u32 << len) - 1) as u16;
+        // SAFETY: only the `len` lanes inside `values` are read (masked load).
+        unsafe { _mm512_maskz_loadu_ps(mask, values.as_ptr()) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) -> Option<RowQuant> {
+        // Range and NaN check 16 lanes at a time; the zero lanes of a tail change neither, since
+        // zero is inside the range anyway.
+        let (mut min, mut max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut nan = 0u16;
+        for chunk in row.chunks(16) {
+            let v = load_lanes(chunk, chunk.len());
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            min = _mm512_min_ps(min, v);
+            max = _mm512_max_ps(max, v);
+        }
+        let (min, max) = (_mm512_reduce_min_ps(min), _mm512_reduce_max_ps(max));
+        if nan != 0 || !(min.is_finite() && max.is_finite()) || min == max {
+            return None;
+        }
+        let (quant, inverse, zero) = row_levels(min, max, levels);
+        let (inverse, zero, top) = (_mm512_set1_ps(inverse), _mm512_set1_ps(zero), _mm512_set1_ps(levels));
+        let bottom = _mm512_setzero_ps();
+        let low_byte = _mm512_set1_epi32(0xff);
+        let mut lo = lo;
+        for (i, chunk) in row.chunks(16).enumerate() {
+            let len = chunk.len();
+            let mask = ((1u32 << len) - 1) as u16;
+            // The scalar code's `round_small((v · inverse + zero).clamp(0, levels))`: a product and a
+            // sum rounded apart (no fused multiply-add), then the round to nearest even of
+            // `cvtps2dq` (the default rounding mode), which `round_small` also computes.
+            let v = load_lanes(chunk, len);
+            let level = _mm512_min_ps(
+                _mm512_max_ps(_mm512_add_ps(_mm512_mul_ps(v, inverse), zero), bottom),
+                top,
+            );
+            let u = _mm512_cvtps_epi32(level);
+            let at = 16 * i;
+            assert!(hi.len() >= at + len, "quantized row too short");
+            match lo.as_deref_mut() {
+                Some(lo) => {
+                    assert!(lo.len() >= at + len, "quantized row too short");
+                    // SAFETY: `len` bytes from `at` are inside each plane (checked above).
+                    unsafe {
+                        _mm512_mask_cvtepi32_storeu_epi8(hi[at..].as_mut_ptr().cast(), mask, _mm512_srli_epi32::<8>(u));
+                        _mm512_mask_cvtepi32_storeu_epi8(
+                            lo[at..].as_mut_ptr().cast(),
+                            mask,
+                            _mm512_and_si512(u, low_byte),
+                        );
+                    }
+                }
+                // SAFETY: as above.
+                None => unsafe { _mm512_mask_cvtepi32_storeu_epi8(hi[at..].as_mut_ptr().cast(), mask, u) },
+            }
+        }
+        Some(quant)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
+        let width = dst.len();
+        assert!(
+            combine.hi.len() >= width
+                && combine.lo.is_none_or(|lo| lo.len() >= width)
+                && combine.corrections.len() >= width
+                && combine.scales.len() >= width
+                && combine.bias.is_none_or(|b| b.len() >= width),
+            "combine inputs shorter than the row"
+        );
+        let RowQuant { scale: sx, zero } = combine.quant;
+        let sx = _mm256_set1_ps(sx);
+        let zero = _mm512_set1_epi64(zero);
+        let body = width - width % 8;
+        let load = |values: &[i32], c: usize| {
+            // SAFETY: `c + 8 ≤ width ≤ values.len()` (checked above): 8 i32 = 32 bytes.
+            _mm512_cvtepi32_epi64(unsafe { _mm256_loadu_si256(values[c..].as_ptr().cast()) })
+        };
+        for c in (0..body).step_by(8) {
+            let mut acc = load(combine.hi, c);
+            if let Some(lo) = combine.lo {
+                acc = _mm512_add_epi64(_mm512_slli_epi64::<8>(acc), load(lo, c));
+            }
+            // zero ≤ 65535 and the column sums are i32: the 32 × 32 → 64-bit product is exact.
+            acc = _mm512_sub_epi64(acc, _mm512_mul_epi32(zero, load(combine.corrections, c)));
+            // SAFETY: as in `load`, for 8 f32.
+            let scales: __m256 = unsafe { _mm256_loadu_ps(combine.scales[c..].as_ptr()) };
+            let mut out = _mm256_mul_ps(_mm512_cvtepi64_ps(acc), _mm256_mul_ps(sx, scales));
+            if let Some(bias) = combine.bias {
+                // SAFETY: as above.
+                out = _mm256_add_ps(out, unsafe { _mm256_loadu_ps(bias[c..].as_ptr()) });
+            }
+            // SAFETY: as above, into `dst`.
+            unsafe { _mm256_storeu_ps(dst[c..].as_mut_ptr(), out) };
+        }
+        for (c, o) in dst.iter_mut().enumerate().skip(body) {
+            *o = combine.column(c);
+        }
+    }
+
     /// `R × 2` i32 accumulator registers (32 columns per row); per depth quad, two weight registers
     /// and one broadcast activation word per row, `vpdpbusd` into each accumulator.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
     fn tile_rows<const R: usize>(call: QuadTileCall<'_>) {
         let QuadTileCall {
             x,
@@ -1002,6 +1284,44 @@ mod tests {
         }
     }
 
+    /// The AVX-512 row quantization gives the portable code's levels and zero point exactly, on
+    /// rows with tails, ties, negative zeros, a constant row and non-finite values.
+    #[test]
+    fn simd_row_quantization_equals_the_portable_one() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let Some(simd) = vnni::Vnni::try_new() else {
+                eprintln!("this CPU has no AVX512-VNNI: skipped");
+                return;
+            };
+            let mut rows: Vec<Vec<f32>> = [1usize, 15, 16, 17, 100, 1024, 2624]
+                .iter()
+                .map(|&k| values(k, k as u64))
+                .collect();
+            rows.push(vec![0.0; 33]);
+            rows.push(vec![-0.0, 0.0, 1.5, -2.5, 0.5, 65535.0 / 65536.0]);
+            let mut with_nan = values(40, 9);
+            with_nan[37] = f32::NAN;
+            rows.push(with_nan);
+            let mut with_inf = values(40, 10);
+            with_inf[3] = f32::NEG_INFINITY;
+            rows.push(with_inf);
+            for bits in [Int8Activations::U8, Int8Activations::U16] {
+                for row in &rows {
+                    let quads = row.len().div_ceil(4) * 4;
+                    let (mut hi, mut lo) = (vec![0u8; quads], vec![0u8; quads]);
+                    let (mut hi2, mut lo2) = (vec![0u8; quads], vec![0u8; quads]);
+                    let two = bits == Int8Activations::U16;
+                    let portable = quantize_row(row, bits.levels(), &mut hi, two.then_some(&mut lo[..]));
+                    let fast = simd.quantize_row(row, bits.levels(), &mut hi2, two.then_some(&mut lo2[..]));
+                    let key = |q: Option<RowQuant>| q.map(|q| (q.scale.to_bits(), q.zero));
+                    assert_eq!(key(portable), key(fast), "{bits:?} {} values", row.len());
+                    assert_eq!((hi, lo), (hi2, lo2), "{bits:?} {} values", row.len());
+                }
+            }
+        }
+    }
+
     #[test]
     fn small_rounding_rounds_to_the_nearest_level() {
         for (v, want) in [
@@ -1053,6 +1373,10 @@ mod tests {
             assert!(y[5..].iter().all(|v| v.is_nan()), "{kernel:?} {bits:?}");
             let zero = quantized(&[0.0; 12], 3, 4, None, kernel, bits);
             assert_eq!(zero.matmul(&[1.0, 2.0, 3.0], 1), vec![0.0; 4]);
+            // No depth at all: the bias, whatever the reused sum buffers held before.
+            let _ = weight.matmul(&values(64 * 8, 7), 64);
+            let no_depth = quantized(&[], 0, 5, Some(vec![2.0; 5]), kernel, bits);
+            assert_eq!(no_depth.matmul(&[], 3), vec![2.0; 15], "{kernel:?} {bits:?}");
         }
     }
 

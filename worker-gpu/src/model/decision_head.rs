@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor};
 use crate::error::LoadError;
 use crate::layers::attention::attend;
 use crate::layers::cpu_matmul::CpuKernels;
+use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel};
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::model::batch::PaddedBatch;
@@ -126,6 +127,38 @@ impl DecisionHead {
             linear.pack_for_cpu(kernels)?;
         }
         Ok(())
+    }
+
+    /// Replaces the head layers' matrices (in_proj, out_proj, linear1, linear2: about as many
+    /// multiply-adds per token as one encoder layer, for the first head layer) by their int8
+    /// quantization for `kernel` (`dtype = "int8"`); the scorer and the act head, which see a few
+    /// rows, stay float32.
+    pub(crate) fn quantize_for_cpu(&mut self, kernel: Int8Kernel) -> candle_core::Result<()> {
+        for layer in &mut self.layers {
+            for linear in [
+                &mut layer.in_proj,
+                &mut layer.out_proj,
+                &mut layer.linear1,
+                &mut layer.linear2,
+            ] {
+                linear.quantize_for_cpu(kernel)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How the quantized head matrices (VNNI layout) quantize their activation rows.
+    pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
+        for layer in &mut self.layers {
+            for linear in [
+                &mut layer.in_proj,
+                &mut layer.out_proj,
+                &mut layer.linear1,
+                &mut layer.linear2,
+            ] {
+                linear.set_int8_activations(bits);
+            }
+        }
     }
 
     /// Runs the head on the encoder output `hidden` `[rows·len, d]` (float32).

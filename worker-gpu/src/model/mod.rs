@@ -162,9 +162,12 @@ impl LayaModel {
         })
     }
 
-    /// Switches the encoder's matrix products to int8 weights (`dtype = "int8"`): each matrix is
-    /// quantized per output column from the loaded float32 weights, which are then dropped.
-    /// Embeddings, norms, attention and the decision head stay float32. CPU and f32 models only.
+    /// Switches the encoder's (and the head layers') matrix products to int8 weights (`dtype =
+    /// "int8"`): each matrix is quantized per output column from the loaded float32 weights, which
+    /// are then dropped.
+    /// The decision head's layers are quantized the same way (their first layer costs about what an
+    /// encoder layer does per token); embeddings, norms, attention, the scorer and the act head stay
+    /// float32. CPU and f32 models only.
     /// The integer kernel follows the float family the model was packed for: AVX512-VNNI (u8 × s8,
     /// 8-bit activations until [`LayaModel::set_int8_activations`] says otherwise) beside AVX-512
     /// where the CPU has VNNI, the AVX2 i16 kernel beside AVX2.
@@ -172,7 +175,8 @@ impl LayaModel {
         if !self.device.is_cpu() {
             candle_core::bail!("int8 runs on the CPU only")
         }
-        self.encoder.quantize_for_cpu()
+        self.encoder.quantize_for_cpu()?;
+        self.head.quantize_for_cpu(self.encoder.int8_kernel_choice())
     }
 
     /// Switches the encoder's matrix products to bf16 weights and activations with the AVX512_BF16
@@ -189,6 +193,7 @@ impl LayaModel {
     /// are always ~14-bit): 8 bits, or 16 bits as two u8 planes.
     pub fn set_int8_activations(&mut self, bits: Int8Activations) {
         self.encoder.set_int8_activations(bits);
+        self.head.set_int8_activations(bits);
     }
 
     /// The activations of the int8 matrices when they run the VNNI kernel (`None` for the AVX2 and

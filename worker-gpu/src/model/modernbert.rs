@@ -154,10 +154,15 @@ impl Encoder {
         Ok(())
     }
 
+    /// The integer kernel that goes with the packed float family (for the decision head too).
+    pub(crate) fn int8_kernel_choice(&self) -> Int8Kernel {
+        Int8Kernel::for_family(self.kernels)
+    }
+
     /// Replaces every encoder matrix by its int8 quantization (`dtype = "int8"`, CPU only), for the
     /// integer kernel that goes with the packed float family.
     pub(crate) fn quantize_for_cpu(&mut self) -> candle_core::Result<()> {
-        let kernel = Int8Kernel::for_family(self.kernels);
+        let kernel = self.int8_kernel_choice();
         for layer in &mut self.layers {
             for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
                 linear.quantize_for_cpu(kernel)?;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# CPU time per forward of one layad-bench engine, from perf's cpu-clock samples: on a machine whose
+# cores other work shares, wall time measures the scheduler more than the code; the CPU time the
+# forward's threads spend does not (docs/benchmarks.md, "Profile after the kernels").
+#   tools/bench/cpu-per-forward.sh <layad-bench> <name> <precision> <runs> [layad-bench args ...]
+# One row of LENGTH (64) tokens, THREADS (2) threads, the random ModernBERT-large under CHECKPOINTS
+# (/work/bench). The timed forwards end the process, so the samples of its last sum(times_ms)
+# seconds are theirs: CPU ms per forward = samples / rate / runs, and the busiest thread's share.
+# Writes OUT/<name>.{log,json,perf.data} (OUT: target/bench/cpu); `cpu_breakdown.py OUT <name>`
+# splits the same samples by function.
+set -euo pipefail
+BIN=${1:?layad-bench}; NAME=${2:?name}; PREC=${3:?precision}; RUNS=${4:?timed forwards}; shift 4
+OUT=${OUT:-target/bench/cpu}; RATE=${RATE:-999}; CHECKPOINTS=${CHECKPOINTS:-/work/bench}
+LENGTH=${LENGTH:-64}; THREADS=${THREADS:-2}
+mkdir -p "$OUT"
+perf record -q -e cpu-clock -F "$RATE" -o "$OUT/$NAME.perf.data" -- "$BIN" --out-dir "$CHECKPOINTS" \
+    --models modernbert-large --lengths "$LENGTH" --rows 1 --precisions "$PREC" --python none \
+    --min-runs "$RUNS" --max-runs "$RUNS" --threads "$THREADS" --json "$OUT/$NAME.json" "$@" > "$OUT/$NAME.log" 2>&1
+perf script -i "$OUT/$NAME.perf.data" -F tid,time 2>/dev/null | tr -d ':' > "$OUT/$NAME.times"
+python3 - "$OUT/$NAME.times" "$OUT/$NAME.json" "$RATE" "$NAME" <<'PY'
+import collections, json, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+rate = int(sys.argv[3])
+cell = json.load(open(sys.argv[2]))["cells"][0]
+end = float(rows[-1][1]); start = end - sum(cell["times_ms"]) / 1000
+window = [r for r in rows if float(r[1]) >= start]
+busiest = max(collections.Counter(r[0] for r in window).values())
+n = len(cell["times_ms"])
+print(f"{sys.argv[4]}: {cell['engine']}: CPU {len(window) / rate * 1000 / n:.1f} ms per forward "
+      f"(busiest thread {busiest / rate * 1000 / n:.1f} ms), wall p50 {cell['p50_ms']:.1f} ms over {n}")
+PY
