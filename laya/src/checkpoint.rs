@@ -263,6 +263,13 @@ impl WeightsFile {
     /// Hashes the file and reads its header; checks that every tensor lies inside the file and that
     /// the four parts of a decision model are present.
     pub fn inspect(path: &Path) -> Result<Self, CheckpointError> {
+        let mut weights = Self::inspect_header(path)?;
+        weights.sha256 = sha256_of(path)?;
+        Ok(weights)
+    }
+
+    /// [`WeightsFile::inspect`] without the hash (`sha256` empty): the header and the file's size.
+    fn inspect_header(path: &Path) -> Result<Self, CheckpointError> {
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
@@ -271,41 +278,22 @@ impl WeightsFile {
             path: path.to_path_buf(),
             problem,
         };
-        let mut file = std::fs::File::open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CheckpointError::Missing {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                io(e)
-            }
-        })?;
-        let mut hasher = Sha256::new();
-        let mut head = Vec::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut size = 0u64;
-        loop {
-            let n = file.read(&mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            if head.len() < (1 << 26) {
-                head.extend_from_slice(&buf[..n]);
-            }
-            size += n as u64;
-        }
-        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        let header_len = head
-            .get(..8)
-            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
-        let header_len = header_len.ok_or_else(|| invalid("shorter than a safetensors header".to_owned()))?;
-        let header_end = usize::try_from(header_len)
-            .ok()
-            .and_then(|n| n.checked_add(8))
-            .filter(|end| *end <= head.len());
+        let mut file = open_weights(path)?;
+        let size = file.metadata().map_err(io)?.len();
+        // The header is its length (8 bytes, little-endian) and that much JSON; only it is read.
+        let mut length = [0u8; 8];
+        file.read_exact(&mut length)
+            .map_err(|_| invalid("shorter than a safetensors header".to_owned()))?;
+        let header_len = u64::from_le_bytes(length);
+        let header_end = header_len
+            .checked_add(8)
+            .filter(|end| *end <= size && *end <= 1 << 26)
+            .and_then(|end| usize::try_from(end).ok());
         let header_end =
             header_end.ok_or_else(|| invalid(format!("header length {header_len} does not fit in the file")))?;
+        let mut head = vec![0u8; header_end];
+        head[..8].copy_from_slice(&length);
+        file.read_exact(&mut head[8..]).map_err(io)?;
         let header: Value = serde_json::from_slice(&head[8..header_end])
             .map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
         let header = header
@@ -355,7 +343,7 @@ impl WeightsFile {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            sha256,
+            sha256: String::new(),
             size,
             tensors,
         })
@@ -365,6 +353,40 @@ impl WeightsFile {
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
+}
+
+/// Opens the weights file, saying `Missing` when it is not there.
+fn open_weights(path: &Path) -> Result<std::fs::File, CheckpointError> {
+    std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            CheckpointError::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            CheckpointError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })
+}
+
+/// Lower-case hex SHA-256 of the file at `path`, read in 4 MiB pieces.
+fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
+    let mut file = open_weights(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 22];
+    loop {
+        let n = file.read(&mut buf).map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A checkpoint opened from disk: configs, tokenizer and weights table.
@@ -385,6 +407,44 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens every file of the checkpoint at `location`, hashing the weights.
     pub fn open(location: Location) -> Result<Self, CheckpointError> {
+        let mut checkpoint = Self::open_unhashed(location)?;
+        checkpoint.weights.sha256 = sha256_of(&checkpoint.weights.path)?;
+        Ok(checkpoint)
+    }
+
+    /// Opens every file of the checkpoint at `location` and hashes the weights on a thread of its
+    /// own, so that a worker loads them meanwhile instead of after (the hash of a full-size
+    /// checkpoint is a second or more of start-up): [`Hashing::finish`] waits for it.
+    pub fn open_hashing(location: Location) -> Result<Hashing, CheckpointError> {
+        let path = location.dir.join("model.safetensors");
+        let hash_path = path.clone();
+        let digest = std::thread::Builder::new()
+            .name("weights-sha256".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let digest = sha256_of(&hash_path);
+                tracing::info!(
+                    path = %hash_path.display(),
+                    hash_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "weights hashed"
+                );
+                digest
+            })
+            .map_err(|source| CheckpointError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        // The thread is joined by `finish`, or left to end by itself when opening fails here.
+        let checkpoint = Self::open_unhashed(location)?;
+        Ok(Hashing {
+            checkpoint,
+            path,
+            digest,
+        })
+    }
+
+    /// Everything [`Checkpoint::open`] does but the hash (`weights.sha256` empty).
+    fn open_unhashed(location: Location) -> Result<Self, CheckpointError> {
         let dir = &location.dir;
         if !dir.is_dir() {
             return Err(CheckpointError::Missing { path: dir.clone() });
@@ -400,7 +460,7 @@ impl Checkpoint {
         let agent = AgentConfig::load(&required("rl_agent_config.json")?)?;
         let encoder = EncoderConfig::load(&required("encoder/config.json")?)?;
         let tokenizer = LayaTokenizer::load(&required("tokenizer")?)?;
-        let weights = WeightsFile::inspect(&required("model.safetensors")?)?;
+        let weights = WeightsFile::inspect_header(&required("model.safetensors")?)?;
         for clamped in &agent.temperatures.clamped {
             tracing::warn!(
                 checkpoint = %dir.display(),
@@ -434,5 +494,30 @@ impl Checkpoint {
         self.weights
             .tensor("act_head.2.weight")
             .and_then(|t| t.shape.first().copied())
+    }
+}
+
+/// A checkpoint opened by [`Checkpoint::open_hashing`] whose weights are still being hashed.
+#[derive(Debug)]
+pub struct Hashing {
+    checkpoint: Checkpoint,
+    path: PathBuf,
+    digest: std::thread::JoinHandle<Result<String, CheckpointError>>,
+}
+
+impl Hashing {
+    /// The opened checkpoint, all but its hash: `weights.sha256` is empty until [`Hashing::finish`].
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// Waits for the hash and returns the checkpoint with it.
+    pub fn finish(self) -> Result<Checkpoint, CheckpointError> {
+        let mut checkpoint = self.checkpoint;
+        checkpoint.weights.sha256 = self.digest.join().map_err(|_| CheckpointError::Invalid {
+            path: self.path,
+            problem: "hashing the weights panicked".to_owned(),
+        })??;
+        Ok(checkpoint)
     }
 }

@@ -113,6 +113,27 @@ fn open_error(mutate: impl FnOnce(&Path)) -> String {
 }
 
 #[test]
+fn hashing_while_the_caller_loads_gives_the_same_checkpoint_and_hash() {
+    let cache = fixture_cache();
+    let location = find_in_hf_cache(&cache, CheckpointName::English).expect("english");
+    let opened = Checkpoint::open(location.clone()).expect("opens");
+    let hashing = Checkpoint::open_hashing(location).expect("opens");
+    // Everything but the hash is there at once.
+    assert_eq!(hashing.checkpoint().weights.tensors, opened.weights.tensors);
+    assert_eq!(hashing.checkpoint().weights.size, opened.weights.size);
+    assert_eq!(hashing.checkpoint().agent.max_len, opened.agent.max_len);
+    let finished = hashing.finish().expect("hashed");
+    assert_eq!(finished.weights, opened.weights);
+    assert_eq!(finished.weights.sha256.len(), 64);
+    // A missing weights file is refused at open, as by `open`.
+    let dir = copy_cache();
+    let location = find_in_hf_cache(dir.path(), CheckpointName::English).expect("english");
+    std::fs::remove_file(location.dir.join("model.safetensors")).expect("rm");
+    let err = Checkpoint::open_hashing(location).expect_err("no weights").to_string();
+    assert!(err.contains("model.safetensors: missing"), "{err}");
+}
+
+#[test]
 fn missing_or_malformed_files_are_named() {
     let err = open_error(|d| std::fs::remove_file(d.join("model.safetensors")).expect("rm"));
     assert!(err.contains("model.safetensors: missing"), "{err}");
