@@ -371,6 +371,15 @@ fn open_weights(path: &Path) -> Result<std::fs::File, CheckpointError> {
     })
 }
 
+/// Lower-case hex SHA-256 of `bytes`, as [`WeightsFile::sha256`] holds it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Lower-case hex SHA-256 of the file at `path`, read in 4 MiB pieces.
 fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
     let mut file = open_weights(path)?;
@@ -386,7 +395,7 @@ fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&hasher.finalize()))
 }
 
 /// A checkpoint opened from disk: configs, tokenizer and weights table.
@@ -412,39 +421,11 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
-    /// Opens every file of the checkpoint at `location` and hashes the weights on a thread of its
-    /// own, so that a worker loads them meanwhile instead of after (the hash of a full-size
-    /// checkpoint is a second or more of start-up): [`Hashing::finish`] waits for it.
-    pub fn open_hashing(location: Location) -> Result<Hashing, CheckpointError> {
-        let path = location.dir.join("model.safetensors");
-        let hash_path = path.clone();
-        let digest = std::thread::Builder::new()
-            .name("weights-sha256".into())
-            .spawn(move || {
-                let started = std::time::Instant::now();
-                let digest = sha256_of(&hash_path);
-                tracing::info!(
-                    path = %hash_path.display(),
-                    hash_ms = started.elapsed().as_secs_f64() * 1e3,
-                    "weights hashed"
-                );
-                digest
-            })
-            .map_err(|source| CheckpointError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        // The thread is joined by `finish`, or left to end by itself when opening fails here.
-        let checkpoint = Self::open_unhashed(location)?;
-        Ok(Hashing {
-            checkpoint,
-            path,
-            digest,
-        })
-    }
-
-    /// Everything [`Checkpoint::open`] does but the hash (`weights.sha256` empty).
-    fn open_unhashed(location: Location) -> Result<Self, CheckpointError> {
+    /// Everything [`Checkpoint::open`] does but the hash: `weights.sha256` is empty, for a caller
+    /// that reads the weights' bytes anyway to hash them with [`sha256_hex`] as it loads them (a
+    /// worker: the file is then read once, not twice, and the hash of a full-size checkpoint,
+    /// seconds of start-up, runs beside the decoding).
+    pub fn open_unhashed(location: Location) -> Result<Self, CheckpointError> {
         let dir = &location.dir;
         if !dir.is_dir() {
             return Err(CheckpointError::Missing { path: dir.clone() });
@@ -494,30 +475,5 @@ impl Checkpoint {
         self.weights
             .tensor("act_head.2.weight")
             .and_then(|t| t.shape.first().copied())
-    }
-}
-
-/// A checkpoint opened by [`Checkpoint::open_hashing`] whose weights are still being hashed.
-#[derive(Debug)]
-pub struct Hashing {
-    checkpoint: Checkpoint,
-    path: PathBuf,
-    digest: std::thread::JoinHandle<Result<String, CheckpointError>>,
-}
-
-impl Hashing {
-    /// The opened checkpoint, all but its hash: `weights.sha256` is empty until [`Hashing::finish`].
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.checkpoint
-    }
-
-    /// Waits for the hash and returns the checkpoint with it.
-    pub fn finish(self) -> Result<Checkpoint, CheckpointError> {
-        let mut checkpoint = self.checkpoint;
-        checkpoint.weights.sha256 = self.digest.join().map_err(|_| CheckpointError::Invalid {
-            path: self.path,
-            problem: "hashing the weights panicked".to_owned(),
-        })??;
-        Ok(checkpoint)
     }
 }

@@ -219,7 +219,10 @@ mod tests {
         let shapes = plan(&info(1, 10, vec![]), &WarmupPolicy::default());
         assert_eq!(
             summary(&shapes),
-            [("english".into(), "short", 1, 10), ("multilingual".into(), "short", 1, 10)]
+            [
+                ("english".into(), "short", 1, 10),
+                ("multilingual".into(), "short", 1, 10)
+            ]
         );
         // The multi-row batch never exceeds the token budget.
         let shapes = plan(&info(64, 40, vec![]), &WarmupPolicy::default());
@@ -353,6 +356,9 @@ mod tests {
         let shapes = plan(&info(64, 8192, vec![]), &WarmupPolicy::default());
         let error = run(&mut Short, &shapes, 1).expect_err("no outputs");
         let text = error.to_string();
-        assert!(text.contains("english") && text.contains("short (1×16 tokens)"), "{text}");
+        assert!(
+            text.contains("english") && text.contains("short (1×16 tokens)"),
+            "{text}"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! precision, each request checked against the row contract before it reaches the model.
 
 use candle_core::{DType, Device};
-use laya::checkpoint::{Checkpoint, Hashing, Location};
+use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
     ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
@@ -86,15 +86,14 @@ impl CandleEngine {
         if checkpoints.is_empty() {
             return Err(LoadError::NoCheckpoints);
         }
-        // Each checkpoint's weights are hashed on a thread of their own while they load (the hash
-        // is only reported, in Describe): on a full-size checkpoint that is a second or more of
-        // start-up that a core left idle by the single-threaded read and build absorbs.
-        let mut opened: Vec<(&str, Hashing)> = Vec::with_capacity(checkpoints.len());
+        // The weights are hashed as the model reads them (`Weights::read`), not here: one read of
+        // the file instead of two, and the hash runs beside the decoding.
+        let mut opened: Vec<(&str, Checkpoint)> = Vec::with_capacity(checkpoints.len());
         for (name, location) in checkpoints {
             if opened.iter().any(|(n, _)| n == name) {
                 return Err(LoadError::DuplicateName(name.clone()));
             }
-            let checkpoint = Checkpoint::open_hashing(location.clone()).map_err(|source| LoadError::Checkpoint {
+            let checkpoint = Checkpoint::open_unhashed(location.clone()).map_err(|source| LoadError::Checkpoint {
                 name: name.clone(),
                 source,
             })?;
@@ -124,9 +123,7 @@ impl CandleEngine {
         }
         let precision = options
             .precision
-            .unwrap_or_else(|| {
-                Precision::default_for(&device.device, opened.iter().map(|(_, c)| c.checkpoint().agent.amp_dtype))
-            });
+            .unwrap_or_else(|| Precision::default_for(&device.device, opened.iter().map(|(_, c)| c.agent.amp_dtype)));
         let threads = match (options.threads, device.device.is_cpu()) {
             (Some(n), true) => Some(CpuThreads::new(n).map_err(LoadError::Device)?),
             _ => None,
@@ -151,26 +148,25 @@ impl CandleEngine {
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();
-        for (name, hashing) in opened {
-            let checkpoint = hashing.checkpoint();
+        for (name, mut checkpoint) in opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
             // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
             // run the gate's rows against a float32 load on the CPU.
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
-                let mut model = LayaModel::load_with_kernels(name, checkpoint, &device.device, load_dtype, kernels)?;
+                let mut model = LayaModel::load_with_kernels(name, &checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
                     Precision::Int8 => Some(gate::quantize_behind_gate(
                         name,
-                        checkpoint,
+                        &checkpoint,
                         &mut model,
                         options.int8_activations,
                     )?),
                     Precision::Bf16 if bf16_kernels => {
-                        Some(gate::bf16_kernels_behind_gate(name, checkpoint, &mut model)?)
+                        Some(gate::bf16_kernels_behind_gate(name, &checkpoint, &mut model)?)
                     }
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
-                        checkpoint,
+                        &checkpoint,
                         &model,
                         precision,
                         &device.label(),
@@ -184,12 +180,7 @@ impl CandleEngine {
                 Some(pool) => pool.run(load)?,
                 None => load()?,
             };
-            let waiting = std::time::Instant::now();
-            let checkpoint = hashing.finish().map_err(|source| LoadError::Checkpoint {
-                name: name.to_owned(),
-                source,
-            })?;
-            let hash_wait_ms = waiting.elapsed().as_secs_f64() * 1e3;
+            checkpoint.weights.sha256.clone_from(&model.weights_sha256);
             if let Some(report) = report {
                 tracing::info!(
                     checkpoint = name,
@@ -207,7 +198,6 @@ impl CandleEngine {
                 dtype = precision.as_str(),
                 cpu_kernels = cpu_kernels.map_or("-", CpuKernels::as_str),
                 sha256 = %checkpoint.weights.sha256,
-                hash_wait_ms,
                 "checkpoint loaded"
             );
             models.push(NamedModel {
