@@ -417,14 +417,21 @@ impl Checkpoint {
     /// Opens every file of the checkpoint at `location`, hashing the weights.
     pub fn open(location: Location) -> Result<Self, CheckpointError> {
         let mut checkpoint = Self::open_unhashed(location)?;
-        checkpoint.weights.sha256 = sha256_of(&checkpoint.weights.path)?;
+        checkpoint.hash_weights()?;
         Ok(checkpoint)
+    }
+
+    /// Hashes the weights file into `weights.sha256` (after [`Checkpoint::open_unhashed`]).
+    pub fn hash_weights(&mut self) -> Result<(), CheckpointError> {
+        self.weights.sha256 = sha256_of(&self.weights.path)?;
+        Ok(())
     }
 
     /// Everything [`Checkpoint::open`] does but the hash: `weights.sha256` is empty, for a caller
     /// that reads the weights' bytes anyway to hash them with [`sha256_hex`] as it loads them (a
     /// worker: the file is then read once, not twice, and the hash of a full-size checkpoint,
-    /// seconds of start-up, runs beside the decoding).
+    /// seconds of start-up, runs beside the decoding), or that hashes later with
+    /// [`Checkpoint::hash_weights`] (the supervisor, once its workers have started loading).
     pub fn open_unhashed(location: Location) -> Result<Self, CheckpointError> {
         let dir = &location.dir;
         if !dir.is_dir() {
