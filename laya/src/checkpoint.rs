@@ -263,6 +263,13 @@ impl WeightsFile {
     /// Hashes the file and reads its header; checks that every tensor lies inside the file and that
     /// the four parts of a decision model are present.
     pub fn inspect(path: &Path) -> Result<Self, CheckpointError> {
+        let mut weights = Self::inspect_header(path)?;
+        weights.sha256 = sha256_of(path)?;
+        Ok(weights)
+    }
+
+    /// [`WeightsFile::inspect`] without the hash (`sha256` empty): the header and the file's size.
+    fn inspect_header(path: &Path) -> Result<Self, CheckpointError> {
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,
@@ -271,41 +278,22 @@ impl WeightsFile {
             path: path.to_path_buf(),
             problem,
         };
-        let mut file = std::fs::File::open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CheckpointError::Missing {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                io(e)
-            }
-        })?;
-        let mut hasher = Sha256::new();
-        let mut head = Vec::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut size = 0u64;
-        loop {
-            let n = file.read(&mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            if head.len() < (1 << 26) {
-                head.extend_from_slice(&buf[..n]);
-            }
-            size += n as u64;
-        }
-        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        let header_len = head
-            .get(..8)
-            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]));
-        let header_len = header_len.ok_or_else(|| invalid("shorter than a safetensors header".to_owned()))?;
-        let header_end = usize::try_from(header_len)
-            .ok()
-            .and_then(|n| n.checked_add(8))
-            .filter(|end| *end <= head.len());
+        let mut file = open_weights(path)?;
+        let size = file.metadata().map_err(io)?.len();
+        // The header is its length (8 bytes, little-endian) and that much JSON; only it is read.
+        let mut length = [0u8; 8];
+        file.read_exact(&mut length)
+            .map_err(|_| invalid("shorter than a safetensors header".to_owned()))?;
+        let header_len = u64::from_le_bytes(length);
+        let header_end = header_len
+            .checked_add(8)
+            .filter(|end| *end <= size && *end <= 1 << 26)
+            .and_then(|end| usize::try_from(end).ok());
         let header_end =
             header_end.ok_or_else(|| invalid(format!("header length {header_len} does not fit in the file")))?;
+        let mut head = vec![0u8; header_end];
+        head[..8].copy_from_slice(&length);
+        file.read_exact(&mut head[8..]).map_err(io)?;
         let header: Value = serde_json::from_slice(&head[8..header_end])
             .map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
         let header = header
@@ -355,7 +343,7 @@ impl WeightsFile {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            sha256,
+            sha256: String::new(),
             size,
             tensors,
         })
@@ -365,6 +353,49 @@ impl WeightsFile {
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
+}
+
+/// Opens the weights file, saying `Missing` when it is not there.
+fn open_weights(path: &Path) -> Result<std::fs::File, CheckpointError> {
+    std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            CheckpointError::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            CheckpointError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })
+}
+
+/// Lower-case hex SHA-256 of `bytes`, as [`WeightsFile::sha256`] holds it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Lower-case hex SHA-256 of the file at `path`, read in 4 MiB pieces.
+fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
+    let mut file = open_weights(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 22];
+    loop {
+        let n = file.read(&mut buf).map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
 }
 
 /// A checkpoint opened from disk: configs, tokenizer and weights table.
@@ -385,6 +416,23 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens every file of the checkpoint at `location`, hashing the weights.
     pub fn open(location: Location) -> Result<Self, CheckpointError> {
+        let mut checkpoint = Self::open_unhashed(location)?;
+        checkpoint.hash_weights()?;
+        Ok(checkpoint)
+    }
+
+    /// Hashes the weights file into `weights.sha256` (after [`Checkpoint::open_unhashed`]).
+    pub fn hash_weights(&mut self) -> Result<(), CheckpointError> {
+        self.weights.sha256 = sha256_of(&self.weights.path)?;
+        Ok(())
+    }
+
+    /// Everything [`Checkpoint::open`] does but the hash: `weights.sha256` is empty, for a caller
+    /// that reads the weights' bytes anyway to hash them with [`sha256_hex`] as it loads them (a
+    /// worker: the file is then read once, not twice, and the hash of a full-size checkpoint,
+    /// seconds of start-up, runs beside the decoding), or that hashes later with
+    /// [`Checkpoint::hash_weights`] (the supervisor, once its workers have started loading).
+    pub fn open_unhashed(location: Location) -> Result<Self, CheckpointError> {
         let dir = &location.dir;
         if !dir.is_dir() {
             return Err(CheckpointError::Missing { path: dir.clone() });
@@ -400,7 +448,7 @@ impl Checkpoint {
         let agent = AgentConfig::load(&required("rl_agent_config.json")?)?;
         let encoder = EncoderConfig::load(&required("encoder/config.json")?)?;
         let tokenizer = LayaTokenizer::load(&required("tokenizer")?)?;
-        let weights = WeightsFile::inspect(&required("model.safetensors")?)?;
+        let weights = WeightsFile::inspect_header(&required("model.safetensors")?)?;
         for clamped in &agent.temperatures.clamped {
             tracing::warn!(
                 checkpoint = %dir.display(),

@@ -113,6 +113,29 @@ fn open_error(mutate: impl FnOnce(&Path)) -> String {
 }
 
 #[test]
+fn opened_unhashed_it_is_the_same_checkpoint_and_the_bytes_hash_to_the_same_sha256() {
+    let cache = fixture_cache();
+    let location = find_in_hf_cache(&cache, CheckpointName::English).expect("english");
+    let opened = Checkpoint::open(location.clone()).expect("opens");
+    let unhashed = Checkpoint::open_unhashed(location).expect("opens");
+    assert_eq!(unhashed.weights.sha256, "");
+    assert_eq!(
+        (&unhashed.weights.tensors, unhashed.weights.size, &unhashed.weights.path),
+        (&opened.weights.tensors, opened.weights.size, &opened.weights.path)
+    );
+    assert_eq!(unhashed.agent.max_len, opened.agent.max_len);
+    let bytes = std::fs::read(&unhashed.weights.path).expect("read");
+    assert_eq!(laya::checkpoint::sha256_hex(&bytes), opened.weights.sha256);
+    assert_ne!(laya::checkpoint::sha256_hex(&bytes[1..]), opened.weights.sha256);
+    // A missing weights file is refused, as by `open`.
+    let dir = copy_cache();
+    let location = find_in_hf_cache(dir.path(), CheckpointName::English).expect("english");
+    std::fs::remove_file(location.dir.join("model.safetensors")).expect("rm");
+    let err = Checkpoint::open_unhashed(location).expect_err("no weights").to_string();
+    assert!(err.contains("model.safetensors: missing"), "{err}");
+}
+
+#[test]
 fn missing_or_malformed_files_are_named() {
     let err = open_error(|d| std::fs::remove_file(d.join("model.safetensors")).expect("rm"));
     assert!(err.contains("model.safetensors: missing"), "{err}");

@@ -38,8 +38,8 @@ pub struct LoadedCheckpoint {
     /// Longest row the checkpoint accepts: at least its own `max_len`; more where a request's
     /// `max_len` may ask for more (upstream 0.4.x) and the encoder's positions allow it.
     pub max_len: u32,
-    /// Longest row warm-up runs: the checkpoint's own `max_len` (`rl_agent_config.json`), the
-    /// length nearly every request has; longer rows are rare and measured when they come.
+    /// Longest row warm-up may run (its short row and buckets are capped by it): the checkpoint's
+    /// own `max_len` (`rl_agent_config.json`), which nearly every request stays within.
     pub warmup_len: u32,
 }
 

@@ -1,5 +1,15 @@
-//! The shapes a worker runs before it becomes ready (every checkpoint on a short row, its longest row
-//! or every length bucket, and a multi-row batch) and what each took; the timings seed the scheduler.
+//! The shapes a worker runs before it becomes ready and what each took; the timings seed the
+//! scheduler's estimates (`supervisor/src/pool/estimate.rs`).
+//!
+//! Only what the pool runs, once: per checkpoint a short single row and a multi-row batch of short
+//! rows (an engine with fixed length buckets: one row per bucket a row can land in, then the
+//! batch). The first forward of each checkpoint runs once untimed before the timed ones (thread
+//! pools starting, the packed weights' first pass through the caches): its time is the
+//! checkpoint's first shape's `first_ms`. No row of the checkpoint's `max_len` is run: on a
+//! full-size CPU checkpoint one such row costs more than the whole load, nearly every request is
+//! much shorter, and the scheduler extrapolates a longer shape's cost from the warm-up points in
+//! proportion to its tokens until its first forward is measured (docs/benchmarks.md, "Start-up",
+//! measures that rule against the real cost).
 
 use std::time::Instant;
 
@@ -15,7 +25,8 @@ pub struct WarmupPolicy {
     pub short_len: u32,
     /// Rows in the multi-row batch (capped at the engine's `max_rows` and token budget).
     pub multi_rows: u32,
-    /// Runs per shape: the first is reported alone, the median of the others is the steady cost.
+    /// Timed runs per shape (at least one), after each checkpoint's one untimed first forward;
+    /// their median is the steady cost.
     pub runs: u32,
 }
 
@@ -24,7 +35,7 @@ impl Default for WarmupPolicy {
         WarmupPolicy {
             short_len: 16,
             multi_rows: 8,
-            runs: 3,
+            runs: 1,
         }
     }
 }
@@ -33,7 +44,7 @@ impl Default for WarmupPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct WarmupShape {
     pub(crate) checkpoint: String,
-    /// `short`, `longest`, `bucket` or `multi-row`.
+    /// `short`, `bucket` or `multi-row`.
     pub(crate) shape: &'static str,
     pub(crate) rows: u32,
     pub(crate) tokens_per_row: u32,
@@ -82,14 +93,10 @@ pub(crate) fn plan(info: &EngineInfo, policy: &WarmupPolicy) -> Vec<WarmupShape>
             vocab_size: checkpoint.vocab_size,
         };
         let singles: Vec<WarmupShape> = if buckets.is_empty() {
-            let short = policy.short_len.clamp(1, longest);
-            let mut singles = vec![shape("short", 1, short)];
-            if longest > short {
-                singles.push(shape("longest", 1, longest));
-            }
-            singles
+            vec![shape("short", 1, policy.short_len.clamp(1, longest))]
         } else {
-            // Every bucket a row of this checkpoint can land in, run at most at its longest row.
+            // Every bucket a row of this checkpoint can land in, run at most at its longest row: a
+            // fixed-shape engine runs each bucket as a graph of its own.
             usable_buckets(&buckets, longest as usize)
                 .into_iter()
                 .map(|bucket| shape("bucket", 1, bucket.min(longest)))
@@ -108,13 +115,14 @@ pub(crate) fn plan(info: &EngineInfo, policy: &WarmupPolicy) -> Vec<WarmupShape>
     shapes
 }
 
-/// Runs every shape `runs` times (at least once) and checks each answer like a served one.
+/// Runs every shape `runs` times (at least once), each checkpoint's first shape once more before,
+/// untimed in the steady cost, and checks each answer like a served one.
 pub(crate) fn run<E: Engine>(
     engine: &mut E,
     shapes: &[WarmupShape],
     runs: u32,
 ) -> Result<Vec<pb::WarmupTiming>, HarnessError> {
-    let mut timings = Vec::with_capacity(shapes.len());
+    let mut timings: Vec<pb::WarmupTiming> = Vec::with_capacity(shapes.len());
     for shape in shapes {
         let rows = shape.rows();
         let failed = |reason: String| HarnessError::Warmup {
@@ -122,23 +130,24 @@ pub(crate) fn run<E: Engine>(
             shape: format!("{} ({}×{} tokens)", shape.shape, shape.rows, shape.tokens_per_row),
             reason,
         };
-        let mut times_ms = Vec::with_capacity(runs.max(1) as usize);
-        for _ in 0..runs.max(1) {
+        let mut forward = || -> Result<f64, HarnessError> {
             let start = Instant::now();
             let outputs = engine
                 .forward(&shape.checkpoint, &rows)
                 .map_err(|e| failed(e.to_string()))?;
-            times_ms.push(start.elapsed().as_secs_f64() * 1e3);
+            let ms = start.elapsed().as_secs_f64() * 1e3;
             check_outputs(&rows, &outputs).map_err(failed)?;
-        }
-        let first_ms = times_ms[0];
-        let mut rest = times_ms.split_off(1);
-        rest.sort_by(f64::total_cmp);
-        let steady_ms = if rest.is_empty() {
-            first_ms
-        } else {
-            rest[rest.len() / 2]
+            Ok(ms)
         };
+        let cold = !timings.iter().any(|t| t.checkpoint == shape.checkpoint);
+        let first_ms = if cold { Some(forward()?) } else { None };
+        let mut times_ms = Vec::with_capacity(runs.max(1) as usize);
+        for _ in 0..runs.max(1) {
+            times_ms.push(forward()?);
+        }
+        let first_ms = first_ms.unwrap_or(times_ms[0]);
+        times_ms.sort_by(f64::total_cmp);
+        let steady_ms = times_ms[times_ms.len() / 2];
         tracing::info!(
             checkpoint = %shape.checkpoint,
             shape = shape.shape,
@@ -192,14 +201,12 @@ mod tests {
     }
 
     #[test]
-    fn plans_short_longest_and_multi_row_for_every_checkpoint() {
+    fn plans_a_short_row_and_a_multi_row_batch_for_every_checkpoint_and_no_longest_row() {
         let shapes = plan(&info(64, 8192, vec![]), &WarmupPolicy::default());
         let expected = [
             ("english", "short", 1, 16),
-            ("english", "longest", 1, 96),
             ("english", "multi-row", 8, 16),
             ("multilingual", "short", 1, 16),
-            ("multilingual", "longest", 1, 128),
             ("multilingual", "multi-row", 8, 16),
         ];
         let expected: Vec<_> = expected.iter().map(|&(c, s, r, t)| (c.to_owned(), s, r, t)).collect();
@@ -208,14 +215,15 @@ mod tests {
 
     #[test]
     fn limits_cap_every_shape() {
-        // One row per forward: no multi-row shape; a 100-token budget caps the longest row.
-        let shapes = plan(&info(1, 100, vec![]), &WarmupPolicy::default());
+        // One row per forward: no multi-row shape; a 10-token budget caps the short row.
+        let shapes = plan(&info(1, 10, vec![]), &WarmupPolicy::default());
         assert_eq!(
-            summary(&shapes)[..2],
-            [("english".into(), "short", 1, 16), ("english".into(), "longest", 1, 96)]
+            summary(&shapes),
+            [
+                ("english".into(), "short", 1, 10),
+                ("multilingual".into(), "short", 1, 10)
+            ]
         );
-        assert_eq!(summary(&shapes)[3], ("multilingual".into(), "longest", 1, 100));
-        assert!(shapes.iter().all(|s| s.shape != "multi-row"));
         // The multi-row batch never exceeds the token budget.
         let shapes = plan(&info(64, 40, vec![]), &WarmupPolicy::default());
         assert!(shapes.iter().all(|s| s.rows * s.tokens_per_row <= 40), "{shapes:?}");
@@ -281,5 +289,76 @@ mod tests {
             assert!(rows.iter().all(|r| r.ids.len() == shape.tokens_per_row as usize));
             assert_eq!(limits.check(&shape.checkpoint, &rows), Ok(()), "{shape:?}");
         }
+    }
+
+    /// Records every forward (checkpoint, rows) and answers each row well.
+    struct Counting {
+        forwards: Vec<(String, usize)>,
+    }
+
+    impl Engine for Counting {
+        fn info(&self) -> EngineInfo {
+            info(64, 8192, vec![])
+        }
+
+        fn forward(
+            &mut self,
+            checkpoint: &str,
+            rows: &[EngineRow],
+        ) -> Result<Vec<crate::engine::EngineOutput>, crate::engine::EngineError> {
+            self.forwards.push((checkpoint.to_owned(), rows.len()));
+            Ok(rows
+                .iter()
+                .map(|row| crate::engine::EngineOutput {
+                    logits: vec![0.5; row.markers.len()],
+                    act_probabilities: vec![1.0],
+                })
+                .collect())
+        }
+    }
+
+    #[test]
+    fn each_checkpoint_runs_one_untimed_first_forward_then_every_shape_runs_times() {
+        let shapes = plan(&info(64, 8192, vec![]), &WarmupPolicy::default());
+        for runs in [1, 3] {
+            let mut engine = Counting { forwards: Vec::new() };
+            let timings = run(&mut engine, &shapes, runs).expect("warm-up");
+            assert_eq!(timings.len(), shapes.len());
+            // Per checkpoint: the first forward, then `runs` of the short row and of the batch.
+            let expected: Vec<(String, usize)> = ["english", "multilingual"]
+                .into_iter()
+                .flat_map(|c| {
+                    let mut forwards = vec![(c.to_owned(), 1); 1 + runs as usize];
+                    forwards.extend(vec![(c.to_owned(), 8); runs as usize]);
+                    forwards
+                })
+                .collect();
+            assert_eq!(engine.forwards, expected, "runs = {runs}");
+            assert!(timings.iter().all(|t| t.first_ms >= 0.0 && t.steady_ms >= 0.0));
+        }
+    }
+
+    #[test]
+    fn a_wrong_answer_fails_the_warm_up_and_names_the_shape() {
+        struct Short;
+        impl Engine for Short {
+            fn info(&self) -> EngineInfo {
+                info(64, 8192, vec![])
+            }
+            fn forward(
+                &mut self,
+                _: &str,
+                _: &[EngineRow],
+            ) -> Result<Vec<crate::engine::EngineOutput>, crate::engine::EngineError> {
+                Ok(Vec::new())
+            }
+        }
+        let shapes = plan(&info(64, 8192, vec![]), &WarmupPolicy::default());
+        let error = run(&mut Short, &shapes, 1).expect_err("no outputs");
+        let text = error.to_string();
+        assert!(
+            text.contains("english") && text.contains("short (1×16 tokens)"),
+            "{text}"
+        );
     }
 }

@@ -128,14 +128,59 @@ impl Checkpoints {
 
     /// Opens every served checkpoint, failing on the first that does not open.
     pub fn open(config: &Config) -> Result<Self, OpenError> {
+        let mut checkpoints = Self::open_unhashed(config)?;
+        checkpoints.hash_weights()?;
+        Ok(checkpoints)
+    }
+
+    /// [`Checkpoints::open`] without hashing the weights (every `weights.sha256` empty): enough to
+    /// start the workers, which read the files themselves; [`Checkpoints::hash_weights`] must run
+    /// before the set answers anything.
+    pub fn open_unhashed(config: &Config) -> Result<Self, OpenError> {
         let mut opened = Vec::new();
-        for (name, result) in Self::open_each(config) {
-            let checkpoint = result.map_err(|source| OpenError { name, source })?;
+        for (name, source) in config.served_checkpoints() {
+            let checkpoint = locate(name, &source)
+                .and_then(Checkpoint::open_unhashed)
+                .map_err(|source| OpenError { name, source })?;
             opened.push((name, Arc::new(checkpoint)));
         }
         Ok(Self {
             opened,
             registry: registry(config),
+        })
+    }
+
+    /// Hashes the weights of a set from [`Checkpoints::open_unhashed`], each checkpoint on a
+    /// thread of its own (a full-size checkpoint takes seconds).
+    pub fn hash_weights(&mut self) -> Result<(), OpenError> {
+        let failed = |name, path: PathBuf, problem: &str| OpenError {
+            name,
+            source: CheckpointError::Invalid {
+                path,
+                problem: problem.to_owned(),
+            },
+        };
+        std::thread::scope(|scope| {
+            let hashing: Vec<_> = self
+                .opened
+                .iter_mut()
+                .map(|(name, checkpoint)| {
+                    let (name, path) = (*name, checkpoint.weights.path.clone());
+                    // Not yet shared: the set was opened just now and nothing kept a clone.
+                    let only = Arc::get_mut(checkpoint);
+                    let shared_path = path.clone();
+                    let thread = scope.spawn(move || match only {
+                        Some(checkpoint) => checkpoint.hash_weights().map_err(|source| OpenError { name, source }),
+                        None => Err(failed(name, shared_path, "shared before it was hashed")),
+                    });
+                    (name, path, thread)
+                })
+                .collect();
+            hashing.into_iter().try_for_each(|(name, path, thread)| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(failed(name, path, "hashing the weights panicked")))
+            })
         })
     }
 

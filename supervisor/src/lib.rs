@@ -72,8 +72,35 @@ pub async fn run(
 ) -> Result<ShutdownReport, LayadError> {
     // First: a socket directory that cannot be made private stops start-up before any download.
     let runtime_dir = RuntimeDir::create(&process::socket_base(&config))?;
-    let checkpoints = Arc::new(open_checkpoints(&config, options.offline).await?);
+    // The workers start loading before the supervisor hashes the weights for `/health` and
+    // `/v1/models`: each worker reads and hashes the file itself, and on a full-size checkpoint
+    // the supervisor's hash (seconds) would otherwise come before every worker's load.
+    let mut checkpoints = open_checkpoints(&config, options.offline).await?;
     let workers = Workers::start(&config, &checkpoints, runtime_dir.path())?;
+    let hashed = tokio::task::spawn_blocking(move || checkpoints.hash_weights().map(|()| checkpoints)).await;
+    let checkpoints = match hashed {
+        Ok(Ok(checkpoints)) => Arc::new(checkpoints),
+        Ok(Err(error)) => {
+            workers.stop().await;
+            return Err(error.into());
+        }
+        Err(stopped) => {
+            // The blocking pool's task ended without an answer (the runtime is shutting down).
+            workers.stop().await;
+            return Err(LayadError::Runtime(std::io::Error::other(format!(
+                "hashing the checkpoints' weights: {stopped}"
+            ))));
+        }
+    };
+    for (name, checkpoint) in checkpoints.iter() {
+        tracing::info!(
+            checkpoint = name.as_str(),
+            path = %checkpoint.location.dir.display(),
+            revision = checkpoint.location.revision().unwrap_or("-"),
+            sha256 = %checkpoint.weights.sha256,
+            "checkpoint opened"
+        );
+    }
     let backend: Arc<dyn Backend> = workers.scheduler();
     tokio::spawn(announce_ready_task(
         config.server.listen,
@@ -128,7 +155,7 @@ pub async fn run(
 }
 
 /// Downloads the checkpoints served from the Hugging Face cache that are missing (unless
-/// `offline`), then opens every served checkpoint.
+/// `offline`), then opens every served checkpoint, not yet hashed ([`Checkpoints::hash_weights`]).
 async fn open_checkpoints(config: &Config, offline: bool) -> Result<Checkpoints, LayadError> {
     let from_hub: Vec<_> = config
         .served_checkpoints()
@@ -142,17 +169,7 @@ async fn open_checkpoints(config: &Config, offline: bool) -> Result<Checkpoints,
         fetch.progress = ProgressStyle::Log;
         layad_hub::ensure_cached(&from_hub, &fetch).await?;
     }
-    let checkpoints = Checkpoints::open(config)?;
-    for (name, checkpoint) in checkpoints.iter() {
-        tracing::info!(
-            checkpoint = name.as_str(),
-            path = %checkpoint.location.dir.display(),
-            revision = checkpoint.location.revision().unwrap_or("-"),
-            sha256 = %checkpoint.weights.sha256,
-            "checkpoint opened"
-        );
-    }
-    Ok(checkpoints)
+    Ok(Checkpoints::open_unhashed(config)?)
 }
 
 /// Logs one line once every served checkpoint has a ready worker: address, pools, devices,

@@ -87,7 +87,7 @@ for r in $(seq 1 "$RUNS"); do
             tag=$(basename "$(dirname "$side")")
             s=$(run_layad "$side" "$OUT/layad-$tag-$r.log")
             printf 'round %d %s (%s) ready after %.2f s\n' "$r" "$side" "$DTYPE" "$s"
-            grep -hE 'weights loaded|int8 gate|warm-up done|parity gate passed' "$OUT/layad-$tag-$r.log" | sed 's/^/    /' || true
+            grep -hE 'weights read|weights loaded|checkpoint loaded|engine loaded|int8 gate|warm-up shape done|warm-up done|parity gate passed' "$OUT/layad-$tag-$r.log" | sed 's/^/    /' || true
         fi
         echo "$r $side $s" >>"$OUT/times.txt"
     done

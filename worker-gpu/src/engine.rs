@@ -86,12 +86,14 @@ impl CandleEngine {
         if checkpoints.is_empty() {
             return Err(LoadError::NoCheckpoints);
         }
+        // The weights are hashed as the model reads them (`Weights::read`), not here: one read of
+        // the file instead of two, and the hash runs beside the decoding.
         let mut opened: Vec<(&str, Checkpoint)> = Vec::with_capacity(checkpoints.len());
         for (name, location) in checkpoints {
             if opened.iter().any(|(n, _)| n == name) {
                 return Err(LoadError::DuplicateName(name.clone()));
             }
-            let checkpoint = Checkpoint::open(location.clone()).map_err(|source| LoadError::Checkpoint {
+            let checkpoint = Checkpoint::open_unhashed(location.clone()).map_err(|source| LoadError::Checkpoint {
                 name: name.clone(),
                 source,
             })?;
@@ -146,25 +148,25 @@ impl CandleEngine {
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();
-        for (name, checkpoint) in &opened {
+        for (name, mut checkpoint) in opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
             // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
             // run the gate's rows against a float32 load on the CPU.
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
-                let mut model = LayaModel::load_with_kernels(name, checkpoint, &device.device, load_dtype, kernels)?;
+                let mut model = LayaModel::load_with_kernels(name, &checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
                     Precision::Int8 => Some(gate::quantize_behind_gate(
                         name,
-                        checkpoint,
+                        &checkpoint,
                         &mut model,
                         options.int8_activations,
                     )?),
                     Precision::Bf16 if bf16_kernels => {
-                        Some(gate::bf16_kernels_behind_gate(name, checkpoint, &mut model)?)
+                        Some(gate::bf16_kernels_behind_gate(name, &checkpoint, &mut model)?)
                     }
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
-                        checkpoint,
+                        &checkpoint,
                         &model,
                         precision,
                         &device.label(),
@@ -178,6 +180,7 @@ impl CandleEngine {
                 Some(pool) => pool.run(load)?,
                 None => load()?,
             };
+            checkpoint.weights.sha256.clone_from(&model.weights_sha256);
             if let Some(report) = report {
                 tracing::info!(
                     checkpoint = name,
@@ -199,7 +202,7 @@ impl CandleEngine {
             );
             models.push(NamedModel {
                 info: LoadedCheckpoint {
-                    name: (*name).to_owned(),
+                    name: name.to_owned(),
                     revision: checkpoint.location.revision().map(str::to_owned),
                     weights_sha256: checkpoint.weights.sha256.clone(),
                     vocab_size: saturating_u32(model.vocab_size),

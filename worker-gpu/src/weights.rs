@@ -1,10 +1,13 @@
 //! Reading `model.safetensors` strictly: every tensor the model asks for must exist with exactly the
 //! shape the configs imply, and every tensor in the file must be asked for (upstream's strict load).
 //!
-//! Tensors are decoded on the CPU in their file dtype and converted once, on the way to the device.
+//! The file is read once: its bytes are hashed (the SHA-256 Describe reports) on a thread of their
+//! own while the same bytes are decoded. Tensors are decoded on the CPU in their file dtype and
+//! converted once, on the way to the device.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -13,24 +16,61 @@ use crate::error::LoadError;
 /// The tensors of one weights file, handed out one by one to the blocks that own them.
 pub(crate) struct Weights {
     path: PathBuf,
+    sha256: String,
     tensors: BTreeMap<String, Tensor>,
     taken: BTreeSet<String>,
     device: Device,
 }
 
 impl Weights {
-    /// Decodes every tensor of the safetensors file at `path`; `device` is where taken tensors go.
+    /// Reads the safetensors file at `path`, hashes it and decodes every tensor; `device` is where
+    /// taken tensors go.
     pub(crate) fn read(path: &Path, device: &Device) -> Result<Self, LoadError> {
-        let tensors = candle_core::safetensors::load(path, &Device::Cpu).map_err(|source| LoadError::Tensor {
+        let failed = |source: candle_core::Error| LoadError::Tensor {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let reading = Instant::now();
+        let bytes = std::fs::read(path).map_err(|e| failed(e.into()))?;
+        let read_ms = reading.elapsed().as_secs_f64() * 1e3;
+        let (tensors, hashed) = std::thread::scope(|scope| {
+            let hashing = std::thread::Builder::new()
+                .name("weights-sha256".into())
+                .spawn_scoped(scope, || {
+                    let started = Instant::now();
+                    let sha256 = laya::checkpoint::sha256_hex(&bytes);
+                    (sha256, started.elapsed().as_secs_f64() * 1e3)
+                });
+            let decoding = Instant::now();
+            let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu);
+            let decode_ms = decoding.elapsed().as_secs_f64() * 1e3;
+            let hashed = match hashing {
+                Ok(thread) => thread.join().map_err(|_| "hashing the weights panicked".to_owned()),
+                Err(e) => Err(format!("cannot start the hashing thread: {e}")),
+            };
+            (tensors, hashed.map(|(sha256, hash_ms)| (sha256, hash_ms, decode_ms)))
+        });
+        let tensors = tensors.map_err(failed)?;
+        let (sha256, hash_ms, decode_ms) = hashed.map_err(|e| failed(candle_core::Error::Msg(e)))?;
+        tracing::info!(
+            path = %path.display(),
+            read_ms,
+            decode_ms,
+            hash_ms,
+            "weights read, decoded and hashed"
+        );
         Ok(Self {
             path: path.to_path_buf(),
+            sha256,
             tensors: tensors.into_iter().collect(),
             taken: BTreeSet::new(),
             device: device.clone(),
         })
+    }
+
+    /// Lower-case hex SHA-256 of the bytes that were read.
+    pub(crate) fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     /// The device taken tensors are placed on.

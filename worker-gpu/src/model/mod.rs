@@ -65,6 +65,8 @@ pub struct LayaModel {
     /// (8192) when that is longer, since a request may raise its own `max_len` to it. Rotary
     /// positions have no table to outgrow; only the RoPE tables are sized for it.
     pub max_len: usize,
+    /// Lower-case hex SHA-256 of the `model.safetensors` bytes it was loaded from.
+    pub weights_sha256: String,
 }
 
 impl LayaModel {
@@ -139,6 +141,7 @@ impl LayaModel {
         let read_ms = started.elapsed().as_secs_f64() * 1e3;
         let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
         let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
+        let weights_sha256 = weights.sha256().to_owned();
         weights.finish()?;
         let built_ms = started.elapsed().as_secs_f64() * 1e3;
         let packing = |e: candle_core::Error| LoadError::Device(format!("packing weights for {kernels}: {e}"));
@@ -159,6 +162,7 @@ impl LayaModel {
             device: device.clone(),
             vocab_size: config.vocab_size,
             max_len,
+            weights_sha256,
         })
     }
 
