@@ -1,10 +1,15 @@
-//! The served path, side by side: layad and upstream `laya-serve` 0.3.20 up at once on the same
-//! checkpoint files, requests interleaved A/B/B/A per shape so the machine's drift hits both alike.
-//! Prints tables (per-server p50/p90 and the median per-pair ratio; answers/s at 1–8 clients) and
-//! writes JSON with the CPU model and flags. Results and commands are in docs/benchmarks.md.
+//! The served path, side by side: layad and a peer up at once on the same checkpoint files, requests
+//! interleaved A/B/B/A per shape so the machine's drift hits both alike. The peer is upstream
+//! `laya-serve` (0.3.20 or 0.4.15), or edgejev (`edgejev serve`, ONNX Runtime, on a model directory
+//! `edgejev build` wrote from the same checkpoint: tools/bench/edgejev-build.sh) with upstream up
+//! beside it only as the reference for answers. Prints tables (per-server p50/p90 and the median
+//! per-pair ratio; answers/s at 1–8 clients) and writes JSON with the CPU model and flags. Results
+//! and commands are in docs/benchmarks.md.
 //!
 //! Shapes: 1 question of ~64 tokens, 1 question of `max_len` (512) tokens, 3 questions of ~58 tokens
-//! each (~174 in the batch). Every shape's answers are compared between the two servers first.
+//! each (~174 in the batch). Every shape's answers are compared first: layad's with upstream's
+//! exactly as before (same structure, largest number difference), and every server's probabilities
+//! (`noul`, `probabilities`, `act_probability`) with upstream's, as max |Δp| and hard mismatches.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,6 +65,14 @@ struct Args {
     /// `LAYA_CPU_AMP` for upstream (e.g. `bf16`); unset: upstream's f32.
     #[arg(long)]
     upstream_amp: Option<String>,
+    /// Python of the edgejev venv (tools/bench/edgejev-venv.sh); its `edgejev` sits beside it. With
+    /// --edgejev-model, edgejev is the timed peer and upstream (unless `none`) only answers the
+    /// reference requests.
+    #[arg(long, requires = "edgejev_model")]
+    edgejev_python: Option<String>,
+    /// The model directory `edgejev build` wrote from --checkpoint (tools/bench/edgejev-build.sh).
+    #[arg(long, requires = "edgejev_python")]
+    edgejev_model: Option<PathBuf>,
     /// Where the JSON goes.
     #[arg(long, default_value = "target/bench/served.json")]
     out: PathBuf,
@@ -262,7 +275,74 @@ fn start_upstream(
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }
 
-/// Kills the upstream server when the bench ends, however it ends.
+/// `edgejev serve` on `port` with `threads` ONNX Runtime threads on the CPU provider.
+fn start_edgejev(python: &str, model: &Path, port: u16, threads: usize) -> Result<Child, String> {
+    let bin = Path::new(python).with_file_name("edgejev");
+    Command::new(&bin)
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--threads", &threads.to_string(), "--provider", "cpu"])
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("EDGEJEV_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
+}
+
+/// Waits until `GET /health` on `addr` answers 200.
+async fn wait_healthy(addr: SocketAddr, name: &str) -> Result<(), String> {
+    let start = Instant::now();
+    while !get(addr, "/health").await.is_ok_and(|r| r.status == 200) {
+        if start.elapsed() > Duration::from_secs(900) {
+            return Err(format!("{name} did not answer /health within 900 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Largest |Δ| between the probabilities two servers give the same questions — `noul`, every
+/// `probabilities` entry and `action.act_probability`, where both answers have them — and the hard
+/// mismatches: another `choice`, or `noul` on the other side of 0.5. Servers of different
+/// contracts (edgejev, upstream 0.4.15) add fields of their own; only these are compared.
+fn probability_difference(ours: &Value, reference: &Value) -> Result<(f64, usize), String> {
+    let (Some(ours), Some(reference)) = (ours.as_object(), reference.as_object()) else {
+        return Err("answers are not objects".into());
+    };
+    if ours.keys().ne(reference.keys()) {
+        return Err("another set of question ids".into());
+    }
+    let (mut worst, mut hard) = (0f64, 0usize);
+    let mut compare = |a: &Value, b: &Value| {
+        if let (Some(a), Some(b)) = (a.as_f64(), b.as_f64()) {
+            worst = worst.max((a - b).abs());
+        }
+    };
+    for (id, a) in ours {
+        let b = &reference[id];
+        compare(&a["noul"], &b["noul"]);
+        compare(&a["action"]["act_probability"], &b["action"]["act_probability"]);
+        if let (Some(pa), Some(pb)) = (a["probabilities"].as_object(), b["probabilities"].as_object()) {
+            for (option, p) in pa {
+                compare(p, &pb.get(option).cloned().unwrap_or(Value::Null));
+            }
+        }
+        if a["choice"] != b["choice"] {
+            hard += 1;
+        }
+        if let (Some(x), Some(y)) = (a["noul"].as_f64(), b["noul"].as_f64())
+            && (x >= 0.5) != (y >= 0.5)
+        {
+            hard += 1;
+        }
+    }
+    Ok((worst, hard))
+}
+
+/// Kills a peer server when the bench ends, however it ends.
 struct Upstream(Child);
 
 impl Drop for Upstream {
@@ -359,17 +439,31 @@ async fn run(args: Args) -> Result<(), String> {
             Some((Upstream(child), addr))
         }
     };
-    layad.wait_ready(Duration::from_secs(900)).await;
-    if let Some((child, addr)) = &upstream {
-        let _ = child;
-        let start = Instant::now();
-        while !get(*addr, "/health").await.is_ok_and(|r| r.status == 200) {
-            if start.elapsed() > Duration::from_secs(900) {
-                return Err("laya-serve did not answer /health within 900 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    let edgejev = match (&args.edgejev_python, &args.edgejev_model) {
+        (Some(python), Some(model)) => {
+            let port = layad_system_tests::free_port();
+            let child = start_edgejev(python, model, port, args.threads)?;
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+            Some((Upstream(child), addr))
         }
+        _ => None,
+    };
+    layad.wait_ready(Duration::from_secs(900)).await;
+    if let Some((_, addr)) = &upstream {
+        wait_healthy(*addr, "laya-serve").await?;
     }
+    // The timed peer: edgejev when it is given, else upstream.
+    let mut edgejev_health = Value::Null;
+    let peer = if let Some((_, addr)) = &edgejev {
+        wait_healthy(*addr, "edgejev").await?;
+        edgejev_health = get(*addr, "/health").await.map_err(|e| e.to_string())?.json();
+        println!("edgejev: {edgejev_health}");
+        let precision = edgejev_health["precision"].as_str().unwrap_or("?");
+        Some((format!("edgejev {precision}"), *addr))
+    } else {
+        upstream.as_ref().map(|(_, addr)| ("upstream".to_owned(), *addr))
+    };
+    let peer_name = peer.as_ref().map_or("–".to_owned(), |(name, _)| name.clone());
     let health = get(layad.addr, "/health").await.map_err(|e| e.to_string())?.json();
     let engine = &health["pools"][0]["workers"][0];
     println!(
@@ -389,34 +483,73 @@ async fn run(args: Args) -> Result<(), String> {
         shapes.push(shape);
     }
 
-    // Same answers from both servers before anything is timed.
+    // Answers compared before anything is timed: layad's with upstream's exactly (same structure),
+    // then every server's probabilities with upstream's (or, without upstream, edgejev's with layad's).
     let mut parity = Vec::new();
-    if let Some((_, addr)) = &upstream {
-        for shape in &shapes {
-            let ours = post_json(layad.addr, "/v1/systemone", shape.body.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?
-                .json();
-            let theirs = post_json(*addr, "/v1/systemone", shape.body.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?
-                .json();
-            if ours["usage"] != theirs["usage"] {
+    for shape in &shapes {
+        let ask = |addr: SocketAddr| {
+            let body = Arc::clone(&shape.body);
+            async move {
+                post_json(addr, "/v1/systemone", body.as_bytes())
+                    .await
+                    .map(|r| r.json())
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let ours = ask(layad.addr).await?;
+        let reference = match &upstream {
+            Some((_, addr)) => Some(ask(*addr).await?),
+            None => None,
+        };
+        let theirs = match &edgejev {
+            Some((_, addr)) => Some(ask(*addr).await?),
+            None => None,
+        };
+        let mut row = json!({"shape": shape.name, "input_tokens": ours["usage"]["input_tokens"]});
+        if let Some(reference) = &reference {
+            if ours["usage"]["input_tokens"] != reference["usage"]["input_tokens"] {
                 return Err(format!(
                     "{}: usage differs: layad {} vs upstream {}",
-                    shape.name, ours["usage"], theirs["usage"]
+                    shape.name, ours["usage"], reference["usage"]
                 ));
             }
-            let diff = answer_difference(&ours["answers"], &theirs["answers"], "answers")
+            let diff = answer_difference(&ours["answers"], &reference["answers"], "answers")
                 .map_err(|e| format!("{}: answers differ: {e}", shape.name))?;
-            println!("{}: answers agree, max |Δ| {diff:.4}", shape.label);
-            parity.push(json!({"shape": shape.name, "max_abs_answer_diff": diff}));
+            println!(
+                "{}: layad's answers agree with upstream's, max |Δ| {diff:.4}",
+                shape.label
+            );
+            row["max_abs_answer_diff"] = json!(diff);
         }
+        let against = if reference.is_some() { "upstream" } else { "layad" };
+        let mut servers = vec![("layad", &ours)];
+        servers.extend(theirs.as_ref().map(|t| ("edgejev", t)));
+        let mut probabilities = Vec::new();
+        for (server, answer) in servers {
+            let base = match &reference {
+                Some(r) => r,
+                None if server == "layad" => continue,
+                None => &ours,
+            };
+            let (dp, hard) = probability_difference(&answer["answers"], &base["answers"])
+                .map_err(|e| format!("{}: {server} vs {against}: {e}", shape.name))?;
+            let tokens = &answer["usage"]["input_tokens"];
+            println!(
+                "{}: {server} vs {against}: max |Δp| {dp:.4}, hard mismatches {hard}, input tokens {tokens}",
+                shape.label
+            );
+            probabilities.push(
+                json!({"server": server, "against": against, "max_abs_probability_diff": dp,
+                                       "hard_mismatches": hard, "input_tokens": tokens}),
+            );
+        }
+        row["probabilities"] = json!(probabilities);
+        parity.push(row);
     }
 
     println!();
     println!(
-        "| request | layad p50 / p90 ms | layad device p50 ms | upstream p50 / p90 ms | layad / upstream (median of pairs) |"
+        "| request | layad p50 / p90 ms | layad device p50 ms | {peer_name} p50 / p90 ms | layad / {peer_name} (median of pairs) |"
     );
     println!("|---|---|---|---|---|");
     let mut latency_rows = Vec::new();
@@ -424,7 +557,7 @@ async fn run(args: Args) -> Result<(), String> {
         // Two untimed requests each: first-use costs (allocations, caches) stay out of the pairs.
         for _ in 0..2 {
             timed(layad.addr, &shape.body).await?;
-            if let Some((_, addr)) = &upstream {
+            if let Some((_, addr)) = &peer {
                 timed(*addr, &shape.body).await?;
             }
         }
@@ -432,18 +565,18 @@ async fn run(args: Args) -> Result<(), String> {
         for pair in 0..args.pairs {
             let layad_first = pair % 2 == 0;
             let mut layad_ms = 0.0;
-            let mut upstream_ms = None;
+            let mut peer_ms = None;
             for turn in 0..2 {
                 if (turn == 0) == layad_first {
                     let (ms, dev) = timed(layad.addr, &shape.body).await?;
                     layad_ms = ms;
                     device.extend(dev);
-                } else if let Some((_, addr)) = &upstream {
-                    upstream_ms = Some(timed(*addr, &shape.body).await?.0);
+                } else if let Some((_, addr)) = &peer {
+                    peer_ms = Some(timed(*addr, &shape.body).await?.0);
                 }
             }
             ours.push(layad_ms);
-            if let Some(u) = upstream_ms {
+            if let Some(u) = peer_ms {
                 theirs.push(u);
                 ratios.push(layad_ms / u);
             }
@@ -465,9 +598,9 @@ async fn run(args: Args) -> Result<(), String> {
         );
         latency_rows.push(json!({
             "shape": shape.name, "label": shape.label, "input_tokens": shape.input_tokens,
-            "layad_ms": ours, "layad_device_ms": device, "upstream_ms": theirs, "ratios": ratios,
+            "layad_ms": ours, "layad_device_ms": device, "peer_ms": theirs, "ratios": ratios,
             "layad_p50_ms": p(&ours, 0.5), "layad_p90_ms": p(&ours, 0.9),
-            "upstream_p50_ms": percentile(&theirs, 0.5), "upstream_p90_ms": percentile(&theirs, 0.9),
+            "peer_p50_ms": percentile(&theirs, 0.5), "peer_p90_ms": percentile(&theirs, 0.9),
             "median_ratio": ratio,
         }));
     }
@@ -480,7 +613,9 @@ async fn run(args: Args) -> Result<(), String> {
             .map(|s| Arc::clone(&s.body))
             .unwrap_or_else(|| Arc::new(body(30, 1)));
         println!();
-        println!("| clients | layad answers/s | upstream answers/s | layad / upstream | errors (layad, upstream) |");
+        println!(
+            "| clients | layad answers/s | {peer_name} answers/s | layad / {peer_name} | errors (layad, {peer_name}) |"
+        );
         println!("|---|---|---|---|---|");
         for &clients in &args.concurrency {
             // A/B/B/A: each server runs twice, the halves mirrored around the middle.
@@ -494,7 +629,7 @@ async fn run(args: Args) -> Result<(), String> {
                 &mut ours,
                 throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
             );
-            if let Some((_, addr)) = &upstream {
+            if let Some((_, addr)) = &peer {
                 for _ in 0..2 {
                     add(
                         &mut theirs,
@@ -517,8 +652,8 @@ async fn run(args: Args) -> Result<(), String> {
                 theirs.2
             );
             throughput_rows.push(json!({
-                "clients": clients, "layad_answers_per_s": our_rate, "upstream_answers_per_s": their_rate,
-                "ratio": ratio, "layad_errors": ours.2, "upstream_errors": theirs.2,
+                "clients": clients, "layad_answers_per_s": our_rate, "peer_answers_per_s": their_rate,
+                "ratio": ratio, "layad_errors": ours.2, "peer_errors": theirs.2,
             }));
         }
     }
@@ -531,6 +666,8 @@ async fn run(args: Args) -> Result<(), String> {
         "threads": args.threads,
         "layad": {"device": args.device, "dtype": args.dtype, "batch_wait": args.batch_wait, "worker": engine},
         "upstream": {"python": args.upstream_python, "device": args.upstream_device, "amp": args.upstream_amp},
+        "peer": peer_name,
+        "edgejev": {"python": args.edgejev_python, "model": args.edgejev_model, "health": edgejev_health},
         "answer_parity": parity,
         "latency": latency_rows,
         "throughput": throughput_rows,
@@ -541,6 +678,7 @@ async fn run(args: Args) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
     println!("wrote {}", args.out.display());
+    drop(edgejev);
     drop(upstream);
     drop(hf_home);
     Ok(())
