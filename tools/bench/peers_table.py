@@ -40,7 +40,7 @@ def parity(doc, names):
     for p in doc.get("answer_parity", []):
         for q in p.get("probabilities", []):
             rows.append(f"| {p['shape']} ({q['input_tokens']} tokens) | {names[q['server']]} | {q['against']} f32 "
-                        f"| {q['max_abs_probability_diff']:.4f} | {q['hard_mismatches']} |")
+                        f"| {q['max_abs_probability_diff']:.4f} | {q['hard_mismatches']} | {q.get('near_tie_flips', '–')} |")
     return rows
 
 
@@ -56,8 +56,8 @@ def main():
         if doc:
             print("\n".join(served(doc, ours, theirs)))
     print()
-    print("| request | server | against | max \\|Δp\\| | hard mismatches |")
-    print("|---|---|---|---:|---:|")
+    print("| request | server | against | max \\|Δp\\| | hard mismatches | near-tie flips |")
+    print("|---|---|---|---:|---:|---:|")
     for doc, names in ((int8, {"layad": "layad int8", "edgejev": "edgejev int8"}),
                        (f32, {"layad": "layad f32", "edgejev": "edgejev fp32"})):
         if doc:

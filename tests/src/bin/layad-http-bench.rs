@@ -304,42 +304,65 @@ async fn wait_healthy(addr: SocketAddr, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Largest |Δ| between the probabilities two servers give the same questions — `noul`, every
-/// `probabilities` entry and `action.act_probability`, where both answers have them — and the hard
-/// mismatches: another `choice`, or `noul` on the other side of 0.5. Servers of different
-/// contracts (edgejev, upstream 0.4.15) add fields of their own; only these are compared.
-fn probability_difference(ours: &Value, reference: &Value) -> Result<(f64, usize), String> {
+/// How far one server's answers are from a reference server's on the same questions.
+#[derive(Debug, Default, PartialEq)]
+struct ProbabilityDifference {
+    /// Largest |Δ| of `noul`, every `probabilities` entry and `action.act_probability`, where both
+    /// answers have them.
+    max: f64,
+    /// Answers that changed side (another `choice`, or `noul` across 0.5) where the reference's
+    /// top-1/top-2 margin is at least 0.04: the int8 gate's hard mismatch (worker-gpu/src/parity.rs).
+    hard_mismatches: usize,
+    /// Answers that changed side inside that margin (near ties).
+    near_tie_flips: usize,
+}
+
+/// Compares the probabilities in two `answers` objects. Servers of different contracts (edgejev,
+/// upstream 0.4.15) add fields of their own; only the probabilities and the decision are compared.
+fn probability_difference(ours: &Value, reference: &Value) -> Result<ProbabilityDifference, String> {
     let (Some(ours), Some(reference)) = (ours.as_object(), reference.as_object()) else {
         return Err("answers are not objects".into());
     };
     if ours.keys().ne(reference.keys()) {
         return Err("another set of question ids".into());
     }
-    let (mut worst, mut hard) = (0f64, 0usize);
+    let mut max = 0f64;
     let mut compare = |a: &Value, b: &Value| {
         if let (Some(a), Some(b)) = (a.as_f64(), b.as_f64()) {
-            worst = worst.max((a - b).abs());
+            max = max.max((a - b).abs());
         }
     };
+    // The reference's top-1/top-2 margin of every answer that changed side.
+    let mut flips = Vec::new();
     for (id, a) in ours {
         let b = &reference[id];
         compare(&a["noul"], &b["noul"]);
         compare(&a["action"]["act_probability"], &b["action"]["act_probability"]);
         if let (Some(pa), Some(pb)) = (a["probabilities"].as_object(), b["probabilities"].as_object()) {
             for (option, p) in pa {
-                compare(p, &pb.get(option).cloned().unwrap_or(Value::Null));
+                compare(p, pb.get(option).unwrap_or(&Value::Null));
             }
         }
         if a["choice"] != b["choice"] {
-            hard += 1;
+            let mut ps: Vec<f64> = b["probabilities"]
+                .as_object()
+                .map(|m| m.values().filter_map(Value::as_f64).collect())
+                .unwrap_or_default();
+            ps.sort_by(|x, y| y.total_cmp(x));
+            flips.push(ps.first().copied().unwrap_or(1.0) - ps.get(1).copied().unwrap_or(0.0));
         }
         if let (Some(x), Some(y)) = (a["noul"].as_f64(), b["noul"].as_f64())
             && (x >= 0.5) != (y >= 0.5)
         {
-            hard += 1;
+            flips.push((2.0 * y - 1.0).abs());
         }
     }
-    Ok((worst, hard))
+    let hard_mismatches = flips.iter().filter(|&&margin| margin >= 0.04).count();
+    Ok(ProbabilityDifference {
+        max,
+        hard_mismatches,
+        near_tie_flips: flips.len() - hard_mismatches,
+    })
 }
 
 /// Kills a peer server when the bench ends, however it ends.
@@ -531,16 +554,16 @@ async fn run(args: Args) -> Result<(), String> {
                 None if server == "layad" => continue,
                 None => &ours,
             };
-            let (dp, hard) = probability_difference(&answer["answers"], &base["answers"])
+            let d = probability_difference(&answer["answers"], &base["answers"])
                 .map_err(|e| format!("{}: {server} vs {against}: {e}", shape.name))?;
             let tokens = &answer["usage"]["input_tokens"];
             println!(
-                "{}: {server} vs {against}: max |Δp| {dp:.4}, hard mismatches {hard}, input tokens {tokens}",
-                shape.label
+                "{}: {server} vs {against}: max |Δp| {:.4}, hard mismatches {}, near-tie flips {}, input tokens {tokens}",
+                shape.label, d.max, d.hard_mismatches, d.near_tie_flips
             );
             probabilities.push(
-                json!({"server": server, "against": against, "max_abs_probability_diff": dp,
-                                       "hard_mismatches": hard, "input_tokens": tokens}),
+                json!({"server": server, "against": against, "max_abs_probability_diff": d.max,
+                "hard_mismatches": d.hard_mismatches, "near_tie_flips": d.near_tie_flips, "input_tokens": tokens}),
             );
         }
         row["probabilities"] = json!(probabilities);
@@ -682,4 +705,32 @@ async fn run(args: Args) -> Result<(), String> {
     drop(upstream);
     drop(hf_home);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_are_compared_across_contracts_and_flips_split_by_the_gate_margin() {
+        // upstream 0.4.15 adds answer_confidence; edgejev does not: only probabilities count.
+        let reference = json!({
+            "a": {"type": "noul", "noul": 0.51, "answer_confidence": 0.51, "action": {"act_probability": 0.9}},
+            "b": {"type": "noul", "noul": 0.80, "action": {"act_probability": 0.2}},
+            "c": {"type": "choice", "choice": "x", "probabilities": {"x": 0.6, "y": 0.4}},
+        });
+        let ours = json!({
+            "a": {"type": "noul", "noul": 0.49, "action": {"act_probability": 0.93}},
+            "b": {"type": "noul", "noul": 0.45, "action": {"act_probability": 0.2}},
+            "c": {"type": "choice", "choice": "y", "probabilities": {"x": 0.45, "y": 0.55}},
+        });
+        let d = probability_difference(&ours, &reference).expect("same questions");
+        assert!((d.max - 0.35).abs() < 1e-9, "{d:?}");
+        // a: margin 0.02 (near tie); b: margin 0.6 (hard); c: margin 0.2 (hard).
+        assert_eq!((d.hard_mismatches, d.near_tie_flips), (2, 1), "{d:?}");
+        let same = probability_difference(&reference, &reference).expect("same questions");
+        assert_eq!(same, ProbabilityDifference::default());
+        let other = json!({"a": reference["a"].clone()});
+        assert!(probability_difference(&other, &reference).is_err());
+    }
 }
