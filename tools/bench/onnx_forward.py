@@ -101,6 +101,9 @@ def export_mode(args):
     graph = onnx.load(f32)
     del graph.graph.value_info[:]
     onnx.save(graph, f32)
+    # The exporter leaves the weights it staged beside the model; the saved model holds them itself.
+    if os.path.exists(f32 + ".data"):
+        os.remove(f32 + ".data")
     exported = time.perf_counter()
     # Signed int8 weights, per tensor: edgejev's `int8` (ORT's VNNI path is for QInt8 weights).
     quantize_dynamic(f32, int8, weight_type=QuantType.QInt8, per_channel=False)
