@@ -93,26 +93,29 @@ def main():
                                    "answer_parity": served.get("answer_parity"), "worker": served.get("layad", {}).get("worker")}
         tag = "" if peer == "upstream" else f" (run beside {peer})"
         for parity in served.get("answer_parity") or []:
+            if "max_abs_answer_diff" not in parity:
+                continue
             rows.append(("3 served", f"answers vs {peer}, {parity['shape']}", f"max |Δ| {parity['max_abs_answer_diff']:.4f}"))
         for r in served.get("latency", []):
-            theirs = r.get("upstream_p50_ms")
+            theirs = r.get("peer_p50_ms", r.get("upstream_p50_ms"))  # older runs: upstream_*
             rows.append(
                 ("3 served", f"{r['label']}{tag}",
                  f"layad p50 {r['layad_p50_ms']:.1f} ms, p90 {r['layad_p90_ms']:.1f} ms"
                  + (f"; {peer} p50 {theirs:.1f} ms, layad/{peer} {r['median_ratio']:.2f}" if theirs else f"; {peer} not run"))
             )
         for t in served.get("throughput", []):
-            theirs = t.get("upstream_answers_per_s")
+            theirs = t.get("peer_answers_per_s", t.get("upstream_answers_per_s"))
+            peer_errors = t.get("peer_errors", t.get("upstream_errors"))
             rows.append(
                 ("3 served", f"{t['clients']} clients{tag}",
                  f"layad {t['layad_answers_per_s']:.1f} answers/s, {t['layad_errors']} errors"
-                 + (f"; {peer} {theirs:.1f} answers/s ({t['ratio']:.2f}×), {t.get('upstream_errors')} errors"
+                 + (f"; {peer} {theirs:.1f} answers/s ({t['ratio']:.2f}×), {peer_errors} errors"
                     if theirs else f"; {peer} not run"))
             )
             if t["layad_errors"]:
                 problems.append(f"served: {t['layad_errors']} layad errors at {t['clients']} clients (vs {peer})")
-            if theirs and t.get("upstream_errors"):
-                problems.append(f"served: {t['upstream_errors']} {peer} errors at {t['clients']} clients")
+            if theirs and peer_errors:
+                problems.append(f"served: {peer_errors} {peer} errors at {t['clients']} clients")
 
     spill = {}
     for config in ("alone", "with-cpu"):

@@ -1,10 +1,15 @@
-//! The served path, side by side: layad and upstream `laya-serve` 0.3.20 up at once on the same
-//! checkpoint files, requests interleaved A/B/B/A per shape so the machine's drift hits both alike.
-//! Prints tables (per-server p50/p90 and the median per-pair ratio; answers/s at 1–8 clients) and
-//! writes JSON with the CPU model and flags. Results and commands are in docs/benchmarks.md.
+//! The served path, side by side: layad and a peer up at once on the same checkpoint files, requests
+//! interleaved A/B/B/A per shape so the machine's drift hits both alike. The peer is upstream
+//! `laya-serve` (0.3.20 or 0.4.15), or edgejev (`edgejev serve`, ONNX Runtime, on a model directory
+//! `edgejev build` wrote from the same checkpoint: tools/bench/edgejev-build.sh) with upstream up
+//! beside it only as the reference for answers. Prints tables (per-server p50/p90 and the median
+//! per-pair ratio; answers/s at 1–8 clients) and writes JSON with the CPU model and flags. Results
+//! and commands are in docs/benchmarks.md.
 //!
 //! Shapes: 1 question of ~64 tokens, 1 question of `max_len` (512) tokens, 3 questions of ~58 tokens
-//! each (~174 in the batch). Every shape's answers are compared between the two servers first.
+//! each (~174 in the batch). Every shape's answers are compared first: layad's with upstream's
+//! exactly as before (same structure, largest number difference), and every server's probabilities
+//! (`noul`, `probabilities`, `act_probability`) with upstream's, as max |Δp| and hard mismatches.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,6 +65,14 @@ struct Args {
     /// `LAYA_CPU_AMP` for upstream (e.g. `bf16`); unset: upstream's f32.
     #[arg(long)]
     upstream_amp: Option<String>,
+    /// Python of the edgejev venv (tools/bench/edgejev-venv.sh); its `edgejev` sits beside it. With
+    /// --edgejev-model, edgejev is the timed peer and upstream (unless `none`) only answers the
+    /// reference requests.
+    #[arg(long, requires = "edgejev_model")]
+    edgejev_python: Option<String>,
+    /// The model directory `edgejev build` wrote from --checkpoint (tools/bench/edgejev-build.sh).
+    #[arg(long, requires = "edgejev_python")]
+    edgejev_model: Option<PathBuf>,
     /// Where the JSON goes.
     #[arg(long, default_value = "target/bench/served.json")]
     out: PathBuf,
@@ -262,7 +275,97 @@ fn start_upstream(
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))
 }
 
-/// Kills the upstream server when the bench ends, however it ends.
+/// `edgejev serve` on `port` with `threads` ONNX Runtime threads on the CPU provider.
+fn start_edgejev(python: &str, model: &Path, port: u16, threads: usize) -> Result<Child, String> {
+    let bin = Path::new(python).with_file_name("edgejev");
+    Command::new(&bin)
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--threads", &threads.to_string(), "--provider", "cpu"])
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("EDGEJEV_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))
+}
+
+/// Waits until `GET /health` on `addr` answers 200.
+async fn wait_healthy(addr: SocketAddr, name: &str) -> Result<(), String> {
+    let start = Instant::now();
+    while !get(addr, "/health").await.is_ok_and(|r| r.status == 200) {
+        if start.elapsed() > Duration::from_secs(900) {
+            return Err(format!("{name} did not answer /health within 900 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// How far one server's answers are from a reference server's on the same questions.
+#[derive(Debug, Default, PartialEq)]
+struct ProbabilityDifference {
+    /// Largest |Δ| of `noul`, every `probabilities` entry and `action.act_probability`, where both
+    /// answers have them.
+    max: f64,
+    /// Answers that changed side (another `choice`, or `noul` across 0.5) where the reference's
+    /// top-1/top-2 margin is at least 0.04: the int8 gate's hard mismatch (worker-gpu/src/parity.rs).
+    hard_mismatches: usize,
+    /// Answers that changed side inside that margin (near ties).
+    near_tie_flips: usize,
+}
+
+/// Compares the probabilities in two `answers` objects. Servers of different contracts (edgejev,
+/// upstream 0.4.15) add fields of their own; only the probabilities and the decision are compared.
+fn probability_difference(ours: &Value, reference: &Value) -> Result<ProbabilityDifference, String> {
+    let (Some(ours), Some(reference)) = (ours.as_object(), reference.as_object()) else {
+        return Err("answers are not objects".into());
+    };
+    if ours.keys().ne(reference.keys()) {
+        return Err("another set of question ids".into());
+    }
+    let mut max = 0f64;
+    let mut compare = |a: &Value, b: &Value| {
+        if let (Some(a), Some(b)) = (a.as_f64(), b.as_f64()) {
+            max = max.max((a - b).abs());
+        }
+    };
+    // The reference's top-1/top-2 margin of every answer that changed side.
+    let mut flips = Vec::new();
+    for (id, a) in ours {
+        let b = &reference[id];
+        compare(&a["noul"], &b["noul"]);
+        compare(&a["action"]["act_probability"], &b["action"]["act_probability"]);
+        if let (Some(pa), Some(pb)) = (a["probabilities"].as_object(), b["probabilities"].as_object()) {
+            for (option, p) in pa {
+                compare(p, pb.get(option).unwrap_or(&Value::Null));
+            }
+        }
+        if a["choice"] != b["choice"] {
+            let mut ps: Vec<f64> = b["probabilities"]
+                .as_object()
+                .map(|m| m.values().filter_map(Value::as_f64).collect())
+                .unwrap_or_default();
+            ps.sort_by(|x, y| y.total_cmp(x));
+            flips.push(ps.first().copied().unwrap_or(1.0) - ps.get(1).copied().unwrap_or(0.0));
+        }
+        if let (Some(x), Some(y)) = (a["noul"].as_f64(), b["noul"].as_f64())
+            && (x >= 0.5) != (y >= 0.5)
+        {
+            flips.push((2.0 * y - 1.0).abs());
+        }
+    }
+    let hard_mismatches = flips.iter().filter(|&&margin| margin >= 0.04).count();
+    Ok(ProbabilityDifference {
+        max,
+        hard_mismatches,
+        near_tie_flips: flips.len() - hard_mismatches,
+    })
+}
+
+/// Kills a peer server when the bench ends, however it ends.
 struct Upstream(Child);
 
 impl Drop for Upstream {
@@ -359,17 +462,31 @@ async fn run(args: Args) -> Result<(), String> {
             Some((Upstream(child), addr))
         }
     };
-    layad.wait_ready(Duration::from_secs(900)).await;
-    if let Some((child, addr)) = &upstream {
-        let _ = child;
-        let start = Instant::now();
-        while !get(*addr, "/health").await.is_ok_and(|r| r.status == 200) {
-            if start.elapsed() > Duration::from_secs(900) {
-                return Err("laya-serve did not answer /health within 900 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    let edgejev = match (&args.edgejev_python, &args.edgejev_model) {
+        (Some(python), Some(model)) => {
+            let port = layad_system_tests::free_port();
+            let child = start_edgejev(python, model, port, args.threads)?;
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+            Some((Upstream(child), addr))
         }
+        _ => None,
+    };
+    layad.wait_ready(Duration::from_secs(900)).await;
+    if let Some((_, addr)) = &upstream {
+        wait_healthy(*addr, "laya-serve").await?;
     }
+    // The timed peer: edgejev when it is given, else upstream.
+    let mut edgejev_health = Value::Null;
+    let peer = if let Some((_, addr)) = &edgejev {
+        wait_healthy(*addr, "edgejev").await?;
+        edgejev_health = get(*addr, "/health").await.map_err(|e| e.to_string())?.json();
+        println!("edgejev: {edgejev_health}");
+        let precision = edgejev_health["precision"].as_str().unwrap_or("?");
+        Some((format!("edgejev {precision}"), *addr))
+    } else {
+        upstream.as_ref().map(|(_, addr)| ("upstream".to_owned(), *addr))
+    };
+    let peer_name = peer.as_ref().map_or("–".to_owned(), |(name, _)| name.clone());
     let health = get(layad.addr, "/health").await.map_err(|e| e.to_string())?.json();
     let engine = &health["pools"][0]["workers"][0];
     println!(
@@ -389,34 +506,73 @@ async fn run(args: Args) -> Result<(), String> {
         shapes.push(shape);
     }
 
-    // Same answers from both servers before anything is timed.
+    // Answers compared before anything is timed: layad's with upstream's exactly (same structure),
+    // then every server's probabilities with upstream's (or, without upstream, edgejev's with layad's).
     let mut parity = Vec::new();
-    if let Some((_, addr)) = &upstream {
-        for shape in &shapes {
-            let ours = post_json(layad.addr, "/v1/systemone", shape.body.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?
-                .json();
-            let theirs = post_json(*addr, "/v1/systemone", shape.body.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?
-                .json();
-            if ours["usage"] != theirs["usage"] {
+    for shape in &shapes {
+        let ask = |addr: SocketAddr| {
+            let body = Arc::clone(&shape.body);
+            async move {
+                post_json(addr, "/v1/systemone", body.as_bytes())
+                    .await
+                    .map(|r| r.json())
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let ours = ask(layad.addr).await?;
+        let reference = match &upstream {
+            Some((_, addr)) => Some(ask(*addr).await?),
+            None => None,
+        };
+        let theirs = match &edgejev {
+            Some((_, addr)) => Some(ask(*addr).await?),
+            None => None,
+        };
+        let mut row = json!({"shape": shape.name, "input_tokens": ours["usage"]["input_tokens"]});
+        if let Some(reference) = &reference {
+            if ours["usage"]["input_tokens"] != reference["usage"]["input_tokens"] {
                 return Err(format!(
                     "{}: usage differs: layad {} vs upstream {}",
-                    shape.name, ours["usage"], theirs["usage"]
+                    shape.name, ours["usage"], reference["usage"]
                 ));
             }
-            let diff = answer_difference(&ours["answers"], &theirs["answers"], "answers")
+            let diff = answer_difference(&ours["answers"], &reference["answers"], "answers")
                 .map_err(|e| format!("{}: answers differ: {e}", shape.name))?;
-            println!("{}: answers agree, max |Δ| {diff:.4}", shape.label);
-            parity.push(json!({"shape": shape.name, "max_abs_answer_diff": diff}));
+            println!(
+                "{}: layad's answers agree with upstream's, max |Δ| {diff:.4}",
+                shape.label
+            );
+            row["max_abs_answer_diff"] = json!(diff);
         }
+        let against = if reference.is_some() { "upstream" } else { "layad" };
+        let mut servers = vec![("layad", &ours)];
+        servers.extend(theirs.as_ref().map(|t| ("edgejev", t)));
+        let mut probabilities = Vec::new();
+        for (server, answer) in servers {
+            let base = match &reference {
+                Some(r) => r,
+                None if server == "layad" => continue,
+                None => &ours,
+            };
+            let d = probability_difference(&answer["answers"], &base["answers"])
+                .map_err(|e| format!("{}: {server} vs {against}: {e}", shape.name))?;
+            let tokens = &answer["usage"]["input_tokens"];
+            println!(
+                "{}: {server} vs {against}: max |Δp| {:.4}, hard mismatches {}, near-tie flips {}, input tokens {tokens}",
+                shape.label, d.max, d.hard_mismatches, d.near_tie_flips
+            );
+            probabilities.push(
+                json!({"server": server, "against": against, "max_abs_probability_diff": d.max,
+                "hard_mismatches": d.hard_mismatches, "near_tie_flips": d.near_tie_flips, "input_tokens": tokens}),
+            );
+        }
+        row["probabilities"] = json!(probabilities);
+        parity.push(row);
     }
 
     println!();
     println!(
-        "| request | layad p50 / p90 ms | layad device p50 ms | upstream p50 / p90 ms | layad / upstream (median of pairs) |"
+        "| request | layad p50 / p90 ms | layad device p50 ms | {peer_name} p50 / p90 ms | layad / {peer_name} (median of pairs) |"
     );
     println!("|---|---|---|---|---|");
     let mut latency_rows = Vec::new();
@@ -424,7 +580,7 @@ async fn run(args: Args) -> Result<(), String> {
         // Two untimed requests each: first-use costs (allocations, caches) stay out of the pairs.
         for _ in 0..2 {
             timed(layad.addr, &shape.body).await?;
-            if let Some((_, addr)) = &upstream {
+            if let Some((_, addr)) = &peer {
                 timed(*addr, &shape.body).await?;
             }
         }
@@ -432,18 +588,18 @@ async fn run(args: Args) -> Result<(), String> {
         for pair in 0..args.pairs {
             let layad_first = pair % 2 == 0;
             let mut layad_ms = 0.0;
-            let mut upstream_ms = None;
+            let mut peer_ms = None;
             for turn in 0..2 {
                 if (turn == 0) == layad_first {
                     let (ms, dev) = timed(layad.addr, &shape.body).await?;
                     layad_ms = ms;
                     device.extend(dev);
-                } else if let Some((_, addr)) = &upstream {
-                    upstream_ms = Some(timed(*addr, &shape.body).await?.0);
+                } else if let Some((_, addr)) = &peer {
+                    peer_ms = Some(timed(*addr, &shape.body).await?.0);
                 }
             }
             ours.push(layad_ms);
-            if let Some(u) = upstream_ms {
+            if let Some(u) = peer_ms {
                 theirs.push(u);
                 ratios.push(layad_ms / u);
             }
@@ -465,9 +621,9 @@ async fn run(args: Args) -> Result<(), String> {
         );
         latency_rows.push(json!({
             "shape": shape.name, "label": shape.label, "input_tokens": shape.input_tokens,
-            "layad_ms": ours, "layad_device_ms": device, "upstream_ms": theirs, "ratios": ratios,
+            "layad_ms": ours, "layad_device_ms": device, "peer_ms": theirs, "ratios": ratios,
             "layad_p50_ms": p(&ours, 0.5), "layad_p90_ms": p(&ours, 0.9),
-            "upstream_p50_ms": percentile(&theirs, 0.5), "upstream_p90_ms": percentile(&theirs, 0.9),
+            "peer_p50_ms": percentile(&theirs, 0.5), "peer_p90_ms": percentile(&theirs, 0.9),
             "median_ratio": ratio,
         }));
     }
@@ -480,7 +636,9 @@ async fn run(args: Args) -> Result<(), String> {
             .map(|s| Arc::clone(&s.body))
             .unwrap_or_else(|| Arc::new(body(30, 1)));
         println!();
-        println!("| clients | layad answers/s | upstream answers/s | layad / upstream | errors (layad, upstream) |");
+        println!(
+            "| clients | layad answers/s | {peer_name} answers/s | layad / {peer_name} | errors (layad, {peer_name}) |"
+        );
         println!("|---|---|---|---|---|");
         for &clients in &args.concurrency {
             // A/B/B/A: each server runs twice, the halves mirrored around the middle.
@@ -494,7 +652,7 @@ async fn run(args: Args) -> Result<(), String> {
                 &mut ours,
                 throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
             );
-            if let Some((_, addr)) = &upstream {
+            if let Some((_, addr)) = &peer {
                 for _ in 0..2 {
                     add(
                         &mut theirs,
@@ -517,8 +675,8 @@ async fn run(args: Args) -> Result<(), String> {
                 theirs.2
             );
             throughput_rows.push(json!({
-                "clients": clients, "layad_answers_per_s": our_rate, "upstream_answers_per_s": their_rate,
-                "ratio": ratio, "layad_errors": ours.2, "upstream_errors": theirs.2,
+                "clients": clients, "layad_answers_per_s": our_rate, "peer_answers_per_s": their_rate,
+                "ratio": ratio, "layad_errors": ours.2, "peer_errors": theirs.2,
             }));
         }
     }
@@ -531,6 +689,8 @@ async fn run(args: Args) -> Result<(), String> {
         "threads": args.threads,
         "layad": {"device": args.device, "dtype": args.dtype, "batch_wait": args.batch_wait, "worker": engine},
         "upstream": {"python": args.upstream_python, "device": args.upstream_device, "amp": args.upstream_amp},
+        "peer": peer_name,
+        "edgejev": {"python": args.edgejev_python, "model": args.edgejev_model, "health": edgejev_health},
         "answer_parity": parity,
         "latency": latency_rows,
         "throughput": throughput_rows,
@@ -541,7 +701,36 @@ async fn run(args: Args) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
     println!("wrote {}", args.out.display());
+    drop(edgejev);
     drop(upstream);
     drop(hf_home);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_are_compared_across_contracts_and_flips_split_by_the_gate_margin() {
+        // upstream 0.4.15 adds answer_confidence; edgejev does not: only probabilities count.
+        let reference = json!({
+            "a": {"type": "noul", "noul": 0.51, "answer_confidence": 0.51, "action": {"act_probability": 0.9}},
+            "b": {"type": "noul", "noul": 0.80, "action": {"act_probability": 0.2}},
+            "c": {"type": "choice", "choice": "x", "probabilities": {"x": 0.6, "y": 0.4}},
+        });
+        let ours = json!({
+            "a": {"type": "noul", "noul": 0.49, "action": {"act_probability": 0.93}},
+            "b": {"type": "noul", "noul": 0.45, "action": {"act_probability": 0.2}},
+            "c": {"type": "choice", "choice": "y", "probabilities": {"x": 0.45, "y": 0.55}},
+        });
+        let d = probability_difference(&ours, &reference).expect("same questions");
+        assert!((d.max - 0.35).abs() < 1e-9, "{d:?}");
+        // a: margin 0.02 (near tie); b: margin 0.6 (hard); c: margin 0.2 (hard).
+        assert_eq!((d.hard_mismatches, d.near_tie_flips), (2, 1), "{d:?}");
+        let same = probability_difference(&reference, &reference).expect("same questions");
+        assert_eq!(same, ProbabilityDifference::default());
+        let other = json!({"a": reference["a"].clone()});
+        assert!(probability_difference(&other, &reference).is_err());
+    }
 }

@@ -1,6 +1,7 @@
 //! `layad-bench`: forward latency of the candle engine on random-weight checkpoints of the published
-//! sizes, side by side with upstream PyTorch CPU fp32 on the same files, in the same run (engine
-//! after engine, each over every shape).
+//! sizes, side by side with upstream PyTorch CPU fp32 and (optionally) ONNX Runtime f32 and int8
+//! (`tools/bench/onnx_forward.py`) on the same files, in the same run (engine after engine, each over
+//! every shape; `--rounds 2` runs them A B B A).
 //!
 //! Prints a markdown table (the one in `docs/benchmarks.md`) and writes every number, with the
 //! machine's measured f32 GEMM peak and an output parity check against upstream, as JSON.
@@ -8,6 +9,7 @@
 mod checkpoint;
 mod upstream;
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -73,6 +75,23 @@ struct Args {
     /// The upstream side of the benchmark.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../torch_forward.py"))]
     torch_script: PathBuf,
+    /// Python with onnxruntime (tools/bench/edgejev-venv.sh) to run ONNX Runtime beside the others;
+    /// `none` skips it. Needs --onnx-dir.
+    #[arg(long, default_value = "none")]
+    onnx_python: String,
+    /// The ONNX Runtime side (`serve` mode; its `export` mode writes the models).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../onnx_forward.py"))]
+    onnx_script: PathBuf,
+    /// Where `onnx_forward.py export` wrote model-f32.onnx and model-int8.onnx for this checkpoint.
+    #[arg(long)]
+    onnx_dir: Option<PathBuf>,
+    /// ONNX Runtime models to run: f32, int8 (dynamic quantization).
+    #[arg(long, value_delimiter = ',', default_value = "f32,int8")]
+    onnx_precisions: Vec<String>,
+    /// Rounds over every engine; even rounds run the Python engines (torch, ONNX Runtime) before
+    /// candle's, so `--rounds 2` is A B B A.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Fixture Hugging Face cache lending tokenizers and config templates.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../tests/fixtures/hf-cache/hub"))]
     fixture_cache: PathBuf,
@@ -91,6 +110,8 @@ struct Cell {
     engine: String,
     length: usize,
     rows: usize,
+    /// Which round (`--rounds`) timed it.
+    round: usize,
     times_ms: Vec<f64>,
     flops: f64,
 }
@@ -170,10 +191,206 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Outputs of one forward per shape (the first untimed one), per row: logits and act probabilities.
+type RowOutputs = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Largest difference of the softmax over each row's marker logits (the answer's probabilities
+/// before temperature): the quantity the int8 gate bounds.
+fn max_probability_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    let softmax = |row: &[f32]| {
+        let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let exp: Vec<f32> = row.iter().map(|x| (x - top).exp()).collect();
+        let sum: f32 = exp.iter().sum();
+        exp.into_iter().map(|e| e / sum).collect::<Vec<f32>>()
+    };
+    let a: Vec<Vec<f32>> = a.iter().map(|r| softmax(r)).collect();
+    let b: Vec<Vec<f32>> = b.iter().map(|r| softmax(r)).collect();
+    max_abs_diff(&a, &b)
+}
+
 /// `/proc/loadavg`'s 1-minute figure; other work on the machine distorts every number here.
 fn load_average() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     text.split_whitespace().next()?.parse().ok()
+}
+
+/// What a round measured besides timings: gate results and the outputs compared afterwards.
+#[derive(Default)]
+struct Measured {
+    cells: Vec<Cell>,
+    parity_gates: Vec<Value>,
+    /// candle f32's outputs per shape (first round that ran it).
+    candle_f32: Vec<((usize, usize), RowOutputs)>,
+    /// torch's outputs per shape.
+    torch: Vec<((usize, usize), RowOutputs)>,
+    /// ONNX Runtime's outputs per precision and shape.
+    onnx: Vec<(String, (usize, usize), RowOutputs)>,
+    upstream_meta: Vec<Value>,
+}
+
+/// One model's engines on every shape: the candle engines, or the Python ones (torch, ONNX Runtime).
+struct ModelRun<'a> {
+    args: &'a Args,
+    spec: &'a ModelSpec,
+    dir: PathBuf,
+    shapes: Vec<(usize, usize)>,
+    device: DeviceRequest,
+    /// (precision, kernels, int8 activations) of every candle engine, in order.
+    engines: Vec<(Precision, Option<CpuKernels>, Option<Int8Activations>)>,
+}
+
+impl ModelRun<'_> {
+    fn keep_going(&self, n: usize, start: Instant) -> bool {
+        n < self.args.min_runs || (n < self.args.max_runs && start.elapsed().as_secs_f64() < self.args.budget_s)
+    }
+
+    fn new_cell(&self, engine: String, (length, rows): (usize, usize), round: usize) -> Cell {
+        Cell {
+            model: self.spec.name,
+            engine,
+            length,
+            rows,
+            round,
+            times_ms: Vec::new(),
+            flops: self.spec.forward_flops(length, rows),
+        }
+    }
+
+    fn gap(&self) {
+        std::thread::sleep(std::time::Duration::from_millis(self.args.gap_ms));
+    }
+
+    /// Every candle engine, one at a time, loaded alone, as a worker runs one: sharing the process
+    /// with the bf16 engine (whose CPU matmuls allocate f32 copies of the weights) slowed f32
+    /// forwards by up to 30%, and alternating with torch forward by forward by 8-15%.
+    fn candle(&self, round: usize, out: &mut Measured) -> Result<(), String> {
+        let spec = self.spec;
+        for &(precision, cpu_kernels, int8_activations) in &self.engines {
+            let options = EngineOptions {
+                device: self.device,
+                precision: Some(precision),
+                threads: Some(self.args.threads),
+                cpu_kernels,
+                int8_activations,
+                max_rows: 64,
+                max_batch_tokens: 1 << 20,
+                length_buckets: Vec::new(),
+            };
+            let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&self.dir))], options)
+                .map_err(|e| e.to_string())?;
+            if let Some(reason) = engine.fallback() {
+                return Err(format!("--device {}: {reason}", self.device));
+            }
+            // int8 loaded only after its gate passed against f32; keep what the gate measured.
+            for gate in engine.parity() {
+                eprintln!(
+                    "{} {precision} parity gate: {} rows, max |Δp| {:.5}, max |Δact p| {:.5}, hard mismatches {}",
+                    spec.name,
+                    gate.rows,
+                    gate.max_probability_diff,
+                    gate.max_act_probability_diff,
+                    gate.hard_mismatches
+                );
+                out.parity_gates.push(json!({
+                    "model": spec.name, "precision": precision.as_str(), "executor": gate.executor, "rows": gate.rows,
+                    "round": round, "max_probability_diff": gate.max_probability_diff,
+                    "max_act_probability_diff": gate.max_act_probability_diff,
+                    "hard_mismatches": gate.hard_mismatches, "near_tie_flips": gate.near_tie_flips,
+                }));
+            }
+            // int8 names its integer kernel and activations, as the gate's executor does.
+            let int8_kernel = engine
+                .parity()
+                .first()
+                .filter(|_| precision == Precision::Int8)
+                .and_then(|gate| gate.executor.strip_prefix("candle cpu int8 "))
+                .and_then(|rest| rest.split(" (").next())
+                .map(|kernel| format!(" ({kernel})"))
+                .unwrap_or_default();
+            for &shape in &self.shapes {
+                let inputs = bench_rows(shape.0, shape.1, spec.vocab);
+                let kernels = engine.kernels().map_or_else(
+                    || worker_gpu::device::device_label(engine.device()),
+                    |k| k.as_str().to_owned(),
+                );
+                let mut cell = self.new_cell(format!("candle {precision} {kernels}{int8_kernel}"), shape, round);
+                // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
+                self.gap();
+                let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
+                if precision == Precision::F32 && !out.candle_f32.iter().any(|(s, _)| *s == shape) {
+                    let logits = warm.iter().map(|o| o.logits.clone()).collect();
+                    let act = warm.iter().map(|o| o.act_probabilities.clone()).collect();
+                    out.candle_f32.push((shape, (logits, act)));
+                }
+                let start = Instant::now();
+                while self.keep_going(cell.times_ms.len(), start) {
+                    let (result, ms) = timed(|| engine.forward(spec.name, &inputs));
+                    result.map_err(|e| e.to_string())?;
+                    cell.times_ms.push(ms);
+                }
+                report(&cell);
+                out.cells.push(cell);
+            }
+        }
+        Ok(())
+    }
+
+    /// Upstream torch (`--python`), then ONNX Runtime at each of `--onnx-precisions`
+    /// (`--onnx-python`), each in its own process, one after another.
+    fn python(&self, round: usize, out: &mut Measured) -> Result<(), String> {
+        let args = self.args;
+        let mut sessions: Vec<(String, Option<String>, UpstreamSession)> = Vec::new();
+        if args.python != "none" {
+            let session = UpstreamSession::start(&args.python, &args.torch_script, &self.dir, args.threads, &[])?;
+            sessions.push(("torch f32".to_owned(), None, session));
+        }
+        if args.onnx_python != "none" {
+            let onnx_dir = args
+                .onnx_dir
+                .as_ref()
+                .ok_or("--onnx-python needs --onnx-dir (where `onnx_forward.py export` wrote the models)")?;
+            for precision in &args.onnx_precisions {
+                let extra = [
+                    OsStr::new("--onnx-dir"),
+                    onnx_dir.as_os_str(),
+                    OsStr::new("--precision"),
+                    OsStr::new(precision.as_str()),
+                ];
+                let session =
+                    UpstreamSession::start(&args.onnx_python, &args.onnx_script, &self.dir, args.threads, &extra)?;
+                sessions.push((format!("onnxruntime {precision}"), Some(precision.clone()), session));
+            }
+        }
+        for (engine, onnx_precision, session) in &mut sessions {
+            if round == 0 {
+                out.upstream_meta.push(json!({
+                    "model": self.spec.name, "engine": engine, "runtime": session.torch, "threads": session.threads,
+                }));
+            }
+            for &shape in &self.shapes {
+                let mut cell = self.new_cell(engine.clone(), shape, round);
+                self.gap();
+                let reply = session.forward(shape.0, shape.1, 1, true)?;
+                let outputs = (reply.logits, reply.act_probabilities);
+                match onnx_precision {
+                    None if !out.torch.iter().any(|(s, _)| *s == shape) => out.torch.push((shape, outputs)),
+                    Some(p) if !out.onnx.iter().any(|(q, s, _)| q == p && *s == shape) => {
+                        out.onnx.push((p.clone(), shape, outputs));
+                    }
+                    _ => {}
+                }
+                let start = Instant::now();
+                while self.keep_going(cell.times_ms.len(), start) {
+                    cell.times_ms
+                        .extend(session.forward(shape.0, shape.1, 1, false)?.times_ms);
+                }
+                report(&cell);
+                out.cells.push(cell);
+            }
+        }
+        // Dropping the sessions ends each serve loop and waits for its process.
+        Ok(())
+    }
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -204,10 +421,29 @@ fn run(args: &Args) -> Result<(), String> {
             other => Int8Activations::parse(other).map(Some),
         })
         .collect::<Result<_, _>>()?;
-    let mut cells = Vec::new();
+    if let Some(bad) = args
+        .onnx_precisions
+        .iter()
+        .find(|p| !matches!(p.as_str(), "f32" | "int8"))
+    {
+        return Err(format!("unknown --onnx-precisions '{bad}'; expected f32 or int8"));
+    }
+    let engines: Vec<_> = precisions
+        .iter()
+        .flat_map(|&p| {
+            let activations: &[Option<Int8Activations>] = if p == Precision::Int8 {
+                &activation_choices
+            } else {
+                &[None]
+            };
+            kernel_choices
+                .iter()
+                .flat_map(move |&k| activations.iter().map(move |&a| (p, k, a)))
+        })
+        .collect();
+    let mut measured = Measured::default();
     let mut parity = Vec::new();
-    let mut parity_gates = Vec::new();
-    let mut upstream_meta = Vec::new();
+    let mut onnx_parity = Vec::new();
     for model in &args.models {
         let spec = match model.as_str() {
             "modernbert-large" => ModelSpec::modernbert_large(),
@@ -220,128 +456,72 @@ fn run(args: &Args) -> Result<(), String> {
             }
         };
         let dir = checkpoint::ensure_checkpoint(&spec, &args.out_dir, &args.fixture_cache)?;
-        let shapes: Vec<(usize, usize)> = args
-            .lengths
-            .iter()
-            .flat_map(|&l| args.rows.iter().map(move |&r| (l, r)))
-            .collect();
-        let gap = std::time::Duration::from_millis(args.gap_ms);
-        let keep_going = |n: usize, start: Instant| {
-            n < args.min_runs || (n < args.max_runs && start.elapsed().as_secs_f64() < args.budget_s)
-        };
-        let new_cell = |engine: String, (length, rows): (usize, usize)| Cell {
-            model: spec.name,
-            engine,
-            length,
-            rows,
-            times_ms: Vec::new(),
-            flops: spec.forward_flops(length, rows),
-        };
-        // One engine at a time, loaded alone, as a worker runs one: sharing the process with the
-        // bf16 engine (whose CPU matmuls allocate f32 copies of the weights) slowed f32 forwards by
-        // up to 30%, and alternating with torch forward by forward by 8-15%.
-        let mut candle_f32 = Vec::new();
-        let engines = precisions.iter().flat_map(|&p| {
-            let activations: &[Option<Int8Activations>] = if p == Precision::Int8 {
-                &activation_choices
-            } else {
-                &[None]
-            };
-            kernel_choices
+        let run = ModelRun {
+            args,
+            spec: &spec,
+            dir,
+            shapes: args
+                .lengths
                 .iter()
-                .flat_map(move |&k| activations.iter().map(move |&a| (p, k, a)))
-        });
-        for (precision, cpu_kernels, int8_activations) in engines {
-            let options = EngineOptions {
-                device,
-                precision: Some(precision),
-                threads: Some(args.threads),
-                cpu_kernels,
-                int8_activations,
-                max_rows: 64,
-                max_batch_tokens: 1 << 20,
-                length_buckets: Vec::new(),
-            };
-            let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&dir))], options)
-                .map_err(|e| e.to_string())?;
-            if let Some(reason) = engine.fallback() {
-                return Err(format!("--device {device}: {reason}"));
+                .flat_map(|&l| args.rows.iter().map(move |&r| (l, r)))
+                .collect(),
+            device,
+            engines: engines.clone(),
+        };
+        let mut out = Measured::default();
+        // Round r runs candle's engines, then the Python ones; every other round the other way
+        // round, so two rounds are A B B A.
+        for round in 0..args.rounds.max(1) {
+            if round % 2 == 0 {
+                run.candle(round, &mut out)?;
+                run.python(round, &mut out)?;
+            } else {
+                run.python(round, &mut out)?;
+                run.candle(round, &mut out)?;
             }
-            // int8 loaded only after its gate passed against f32; keep what the gate measured.
-            for gate in engine.parity() {
-                eprintln!(
-                    "{} {precision} parity gate: {} rows, max |Δp| {:.5}, max |Δact p| {:.5}, hard mismatches {}",
-                    spec.name,
-                    gate.rows,
-                    gate.max_probability_diff,
-                    gate.max_act_probability_diff,
-                    gate.hard_mismatches
-                );
-                parity_gates.push(json!({
-                    "model": spec.name, "precision": precision.as_str(), "executor": gate.executor, "rows": gate.rows,
-                    "max_probability_diff": gate.max_probability_diff,
-                    "max_act_probability_diff": gate.max_act_probability_diff,
-                    "hard_mismatches": gate.hard_mismatches, "near_tie_flips": gate.near_tie_flips,
+        }
+        for (shape, (logits, act)) in &out.torch {
+            if let Some((_, (ours, our_act))) = out.candle_f32.iter().find(|(s, _)| s == shape) {
+                parity.push(json!({
+                    "model": spec.name, "length": shape.0, "rows": shape.1,
+                    "max_abs_logit_diff": max_abs_diff(ours, logits),
+                    "max_abs_act_probability_diff": max_abs_diff(our_act, act),
                 }));
             }
-            // int8 names its integer kernel and activations, as the gate's executor does.
-            let int8_kernel = engine
-                .parity()
-                .first()
-                .filter(|_| precision == Precision::Int8)
-                .and_then(|gate| gate.executor.strip_prefix("candle cpu int8 "))
-                .and_then(|rest| rest.split(" (").next())
-                .map(|kernel| format!(" ({kernel})"))
-                .unwrap_or_default();
-            for &shape in &shapes {
-                let inputs = bench_rows(shape.0, shape.1, spec.vocab);
-                let kernels = engine.kernels().map_or_else(
-                    || worker_gpu::device::device_label(engine.device()),
-                    |k| k.as_str().to_owned(),
-                );
-                let mut cell = new_cell(format!("candle {precision} {kernels}{int8_kernel}"), shape);
-                // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
-                std::thread::sleep(gap);
-                let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
-                if precision == Precision::F32 && !candle_f32.iter().any(|(s, _)| *s == shape) {
-                    candle_f32.push((shape, warm));
-                }
-                let start = Instant::now();
-                while keep_going(cell.times_ms.len(), start) {
-                    let (out, ms) = timed(|| engine.forward(spec.name, &inputs));
-                    out.map_err(|e| e.to_string())?;
-                    cell.times_ms.push(ms);
-                }
-                report(&cell);
-                cells.push(cell);
+        }
+        // ONNX Runtime against torch f32 where torch ran, else against candle f32.
+        for (precision, shape, (logits, act)) in &out.onnx {
+            let reference = out
+                .torch
+                .iter()
+                .find(|(s, _)| s == shape)
+                .map(|(_, o)| ("torch f32", o))
+                .or_else(|| {
+                    out.candle_f32
+                        .iter()
+                        .find(|(s, _)| s == shape)
+                        .map(|(_, o)| ("candle f32", o))
+                });
+            if let Some((against, (ref_logits, ref_act))) = reference {
+                onnx_parity.push(json!({
+                    "model": spec.name, "engine": format!("onnxruntime {precision}"), "against": against,
+                    "length": shape.0, "rows": shape.1,
+                    "max_abs_logit_diff": max_abs_diff(logits, ref_logits),
+                    "max_abs_probability_diff": max_probability_diff(logits, ref_logits),
+                    "max_abs_act_probability_diff": max_abs_diff(act, ref_act),
+                }));
             }
         }
-        if args.python != "none" {
-            let mut session = UpstreamSession::start(&args.python, &args.torch_script, &dir, args.threads)?;
-            upstream_meta.push(json!({"model": spec.name, "torch": session.torch, "threads": session.threads}));
-            for &shape in &shapes {
-                let mut cell = new_cell("torch f32".to_owned(), shape);
-                std::thread::sleep(gap);
-                let reply = session.forward(shape.0, shape.1, 1, true)?;
-                if let Some((_, ours)) = candle_f32.iter().find(|(s, _)| *s == shape) {
-                    let logits: Vec<Vec<f32>> = ours.iter().map(|o| o.logits.clone()).collect();
-                    let act: Vec<Vec<f32>> = ours.iter().map(|o| o.act_probabilities.clone()).collect();
-                    parity.push(json!({
-                        "model": spec.name, "length": shape.0, "rows": shape.1,
-                        "max_abs_logit_diff": max_abs_diff(&logits, &reply.logits),
-                        "max_abs_act_probability_diff": max_abs_diff(&act, &reply.act_probabilities),
-                    }));
-                }
-                let start = Instant::now();
-                while keep_going(cell.times_ms.len(), start) {
-                    cell.times_ms
-                        .extend(session.forward(shape.0, shape.1, 1, false)?.times_ms);
-                }
-                report(&cell);
-                cells.push(cell);
-            }
-        }
+        measured.cells.append(&mut out.cells);
+        measured.parity_gates.append(&mut out.parity_gates);
+        measured.upstream_meta.append(&mut out.upstream_meta);
     }
+    let Measured {
+        mut cells,
+        parity_gates,
+        upstream_meta,
+        ..
+    } = measured;
     let load_after = load_average();
     // Shape by shape for reading; the stable sort keeps engines in measuring order.
     cells.sort_by_key(|c| (args.models.iter().position(|m| m == c.model), c.length, c.rows));
@@ -349,11 +529,14 @@ fn run(args: &Args) -> Result<(), String> {
     for p in &parity {
         eprintln!("parity vs upstream f32: {p}");
     }
+    for p in &onnx_parity {
+        eprintln!("onnxruntime parity: {p}");
+    }
     let json_cells: Vec<Value> = cells
         .iter()
         .map(|c| {
             json!({
-                "model": c.model, "engine": c.engine, "length": c.length, "rows": c.rows,
+                "model": c.model, "engine": c.engine, "length": c.length, "rows": c.rows, "round": c.round,
                 "times_ms": c.times_ms, "p50_ms": c.percentile(0.5), "p90_ms": c.percentile(0.9),
                 "tokens_per_s": c.tokens_per_s(), "gflops": c.gflops(), "fraction_of_gemm_peak": c.gflops() / peak,
                 "upstream_p50_ms": torch_p50(&cells, c),
@@ -364,12 +547,14 @@ fn run(args: &Args) -> Result<(), String> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "machine": {"cpu": cpu_model(), "device": args.device, "threads": args.threads, "load_average_before": load_before, "load_average_after": load_after},
         "gap_ms": args.gap_ms,
+        "rounds": args.rounds.max(1),
         "gemm_peak_gflops": peak,
         "gemm": gemm_details,
         "flops_model": checkpoint::FLOPS_MODEL,
         "upstream": upstream_meta,
         "cells": json_cells,
         "parity_f32_vs_upstream": parity,
+        "parity_onnxruntime": onnx_parity,
         "parity_gates": parity_gates,
     });
     let path = args
@@ -394,23 +579,28 @@ fn report(cell: &Cell) {
     );
 }
 
-/// Upstream's p50 for the same model and shape, if it ran.
+/// Upstream's p50 for the same model and shape in the same round, if it ran.
 fn torch_p50(cells: &[Cell], cell: &Cell) -> Option<f64> {
     cells
         .iter()
-        .find(|c| c.engine == "torch f32" && c.model == cell.model && (c.length, c.rows) == (cell.length, cell.rows))
+        .find(|c| {
+            c.engine == "torch f32"
+                && c.model == cell.model
+                && (c.length, c.rows, c.round) == (cell.length, cell.rows, cell.round)
+        })
         .map(|c| c.percentile(0.5))
 }
 
 fn print_table(cells: &[Cell], peak: f64) {
-    println!("| model | engine | len × rows | p50 ms | p90 ms | n | tokens/s | GEMM peak | vs torch p50 |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("| model | engine | round | len × rows | p50 ms | p90 ms | n | tokens/s | GEMM peak | vs torch p50 |");
+    println!("|---|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for c in cells {
         let ratio = torch_p50(cells, c).map_or("–".to_owned(), |t| format!("{:.2}×", c.percentile(0.5) / t));
         println!(
-            "| {} | {} | {} × {} | {:.1} | {:.1} | {} | {:.0} | {:.0}% | {} |",
+            "| {} | {} | {} | {} × {} | {:.1} | {:.1} | {} | {:.0} | {:.0}% | {} |",
             c.model,
             c.engine,
+            c.round + 1,
             c.length,
             c.rows,
             c.percentile(0.5),

@@ -1,5 +1,6 @@
-//! Upstream PyTorch as a child process (`tools/bench/torch_forward.py serve`) that times forwards
-//! on request, so the bench can alternate torch and candle forwards.
+//! A Python engine as a child process that times forwards on request, so the bench can run it beside
+//! candle's on the same checkpoint: upstream PyTorch (`tools/bench/torch_forward.py serve`) or ONNX
+//! Runtime (`tools/bench/onnx_forward.py serve`), which speak the same JSON-lines protocol.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -13,9 +14,9 @@ pub(crate) struct UpstreamSession {
     /// Dropping it (end of input) ends the serve loop.
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
-    /// `torch.__version__`.
+    /// What runs the forwards: `torch.__version__`, or the ONNX Runtime version and precision.
     pub(crate) torch: String,
-    /// `torch.get_num_threads()`.
+    /// The engine's compute threads (`torch.get_num_threads()`).
     pub(crate) threads: u64,
 }
 
@@ -40,14 +41,22 @@ fn floats(value: &Value) -> Vec<Vec<f32>> {
 }
 
 impl UpstreamSession {
-    /// Starts `python script serve` on `checkpoint` and waits until the model is loaded.
-    pub(crate) fn start(python: &str, script: &Path, checkpoint: &Path, threads: usize) -> Result<Self, String> {
+    /// Starts `python script serve --checkpoint ... --threads ... extra...` and waits until the model
+    /// is loaded.
+    pub(crate) fn start(
+        python: &str,
+        script: &Path,
+        checkpoint: &Path,
+        threads: usize,
+        extra: &[&std::ffi::OsStr],
+    ) -> Result<Self, String> {
         let mut child = Command::new(python)
             .arg(script)
             .arg("serve")
             .arg("--checkpoint")
             .arg(checkpoint)
             .args(["--threads", &threads.to_string()])
+            .args(extra)
             .env("HF_HUB_OFFLINE", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -67,7 +76,12 @@ impl UpstreamSession {
         if ready["ready"] != true {
             return Err(format!("upstream did not start: {ready}"));
         }
-        session.torch = ready["torch"].as_str().unwrap_or("?").to_owned();
+        // torch_forward.py names its torch, onnx_forward.py its runtime.
+        session.torch = ready["torch"]
+            .as_str()
+            .or_else(|| ready["runtime"].as_str())
+            .unwrap_or("?")
+            .to_owned();
         session.threads = ready["threads"].as_u64().unwrap_or(0);
         Ok(session)
     }
