@@ -108,15 +108,8 @@ impl DecisionHead {
 
     /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
     pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
-        for layer in &mut self.layers {
-            for linear in [
-                &mut layer.in_proj,
-                &mut layer.out_proj,
-                &mut layer.linear1,
-                &mut layer.linear2,
-            ] {
-                linear.pack_for_cpu(kernels)?;
-            }
+        for linear in self.layer_matrices() {
+            linear.pack_for_cpu(kernels)?;
         }
         for linear in [
             &mut self.scorer_dense,
@@ -134,17 +127,22 @@ impl DecisionHead {
     /// quantization for `kernel` (`dtype = "int8"`); the scorer and the act head, which see a few
     /// rows, stay float32.
     pub(crate) fn quantize_for_cpu(&mut self, kernel: Int8Kernel) -> candle_core::Result<()> {
-        for layer in &mut self.layers {
-            for linear in [
+        for linear in self.layer_matrices() {
+            linear.quantize_for_cpu(kernel)?;
+        }
+        Ok(())
+    }
+
+    /// The head layers' four matrices each (in_proj, out_proj, linear1, linear2), layer by layer.
+    fn layer_matrices(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.layers.iter_mut().flat_map(|layer| {
+            [
                 &mut layer.in_proj,
                 &mut layer.out_proj,
                 &mut layer.linear1,
                 &mut layer.linear2,
-            ] {
-                linear.quantize_for_cpu(kernel)?;
-            }
-        }
-        Ok(())
+            ]
+        })
     }
 
     /// How the quantized head matrices (VNNI layout) quantize their activation rows.
