@@ -593,11 +593,12 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
         ][:50]
     # Requests open when the fault began (keep-alive and SDK clients): in cut-link-in-flight, those on
     # host 2 lost their answers and had to be sent again.
+    sdk_path = work / "sdk-load.json"
+    sdk_data = json.loads(sdk_path.read_text()) if sdk_path.exists() else None
+    sdk_records = sdk_data["records"] if sdk_data else []
     if "fault" in events:
         t0 = events["fault"]
-        sdk_path = work / "sdk-load.json"
-        sdk_records = json.loads(sdk_path.read_text())["records"] if sdk_path.exists() else []
-        spans = [(r["start"], r["end"]) for r in records] + [(r["start"], r["end"]) for r in sdk_records]
+        spans = [(r["start"], r["end"]) for r in records + sdk_records]
         open_at_fault = [end - start for start, end in spans if start <= t0 <= end]
         result["open_at_fault"] = {"count": len(open_at_fault),
                                    "longest_s": round(max(open_at_fault), 2) if open_at_fault else None}
@@ -612,14 +613,11 @@ def run_fault(args, kind: str, fault: str, bodies: list[bytes]) -> dict:
             "failed_detail": [{"status": r.get("status"), "error": r.get("error")} for r in recs if r.get("status") != 200][:10],
         }
     # The SDK's calls (its own pooled connection per client, no SDK retries).
-    sdk = work / "sdk-load.json"
-    if sdk.exists():
-        data = json.loads(sdk.read_text())
-        recs = data["records"]
-        failures = [r for r in recs if not r["ok"]]
+    if sdk_data:
+        failures = [r for r in sdk_records if not r["ok"]]
         result["sdk_load"] = {
-            "sdk": data["sdk"],
-            "sent": len(recs),
+            "sdk": sdk_data["sdk"],
+            "sent": len(sdk_records),
             "failed": len(failures),
             "failed_detail": [
                 {"at_s": round(r["start"] - events.get("fault", r["start"]), 2),
