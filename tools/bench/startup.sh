@@ -8,14 +8,22 @@
 #   B  upstream `laya-serve` from PYTHON's venv on the same files (a fake HF home whose `english`
 #      root is the checkpoint, as layad-http-bench builds it): start until /health answers 200.
 #
+#   C  the whole server, `layad serve` (SERVE, e.g. target/release/layad; the supervisor, its worker
+#      and the same checkpoint as `english`, from a config file of this run's own port and socket
+#      directory): start until its first decision answers 200.
+# Upstream is also timed to its first answer (not only /health), so A/B/C sides compare the same
+# moment: a client's first decision.
+#
 #   flock -x /work/cpu.lock tools/bench/startup.sh [checkpoint-dir]
-# Knobs (environment): WORKERS (target/release/layad-worker-gpu; several, space-separated), PYTHON
+# Knobs (environment): WORKERS (target/release/layad-worker-gpu; several, space-separated; empty =
+# none), SERVE (a `layad` binary, or empty = no whole-server side), PYTHON
 # (/work/venvs/laya-0.4.15/bin/python), THREADS (2), DTYPE (f32), RUNS (3), OUT (target/bench/startup),
 # PORT (18931).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECKPOINT=$(realpath "${1:-target/bench/modernbert-large-v50368}")
-read -r -a WORKERS <<<"${WORKERS:-target/release/layad-worker-gpu}"
+read -r -a WORKERS <<<"${WORKERS-target/release/layad-worker-gpu}"
+SERVE=${SERVE:-}
 PYTHON=${PYTHON:-/work/venvs/laya-0.4.15/bin/python}
 THREADS=${THREADS:-2}
 DTYPE=${DTYPE:-f32}
@@ -68,21 +76,68 @@ run_upstream() {  # $1: log file
         sleep 0.05
     done
     local t1; t1=$(now)
+    first_answer "$pid" "$1"
+    local t2; t2=$(now)
     kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    echo "$(echo "$t1 - $t0" | bc -l) $(echo "$t2 - $t0" | bc -l)"
+}
+
+# One decision of about 20 tokens, as a client's first request would be.
+BODY='{"model": "english", "state": "I was charged twice for invoice 4411, please refund it today.",
+  "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}}}'
+
+first_answer() {  # $1: server pid, $2: its log; returns once POST /v1/systemone answers 200
+    until curl -fs -o /dev/null -H 'content-type: application/json' --data "$BODY" \
+        "http://127.0.0.1:$PORT/v1/systemone"; do
+        kill -0 "$1" 2>/dev/null || { echo "server exited; see $2" >&2; exit 1; }
+        sleep 0.05
+    done
+}
+
+run_serve() {  # $1: layad binary, $2: log file; prints seconds to its first answer
+    local dir; dir=$(mktemp -d); chmod 700 "$dir"
+    cat >"$dir/layad.toml" <<TOML
+[server]
+listen = "127.0.0.1:$PORT"
+[checkpoints]
+english = "$CHECKPOINT"
+multilingual = "off"
+typed-decisions = "off"
+[[pool]]
+name = "cpu"
+device = "cpu"
+threads = $THREADS
+dtype = "$DTYPE"
+[workers]
+socket_dir = "$dir/sockets"
+[logging]
+format = "json"
+TOML
+    local t0; t0=$(now)
+    env -u LAYA_MODELS -u LAYA_THREADS -u LAYA_PORT "$1" serve --offline --config "$dir/layad.toml" >"$2" 2>&1 &
+    local pid=$!
+    first_answer "$pid" "$2"
+    local t1; t1=$(now)
+    kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    rm -rf "$dir"
     echo "$t1 - $t0" | bc -l
 }
 
 # Round r runs every worker, then upstream; every other round in the reverse order.
 UPSTREAM_VERSION=$("$PYTHON" -c 'import importlib.metadata as m; print("laya", m.version("laya"))')
 for r in $(seq 1 "$RUNS"); do
-    sides=("${WORKERS[@]}" upstream)
+    sides=("${WORKERS[@]}" ${SERVE:+serve} upstream)
     if [ $((r % 2)) = 0 ]; then
         reversed=(); for ((j = ${#sides[@]} - 1; j >= 0; j--)); do reversed+=("${sides[j]}"); done; sides=("${reversed[@]}")
     fi
     for side in "${sides[@]}"; do
         if [ "$side" = upstream ]; then
-            s=$(run_upstream "$OUT/upstream-$r.log")
-            printf 'round %d laya-serve (%s) ready after %.2f s\n' "$r" "$UPSTREAM_VERSION" "$s"
+            read -r health s < <(run_upstream "$OUT/upstream-$r.log")
+            printf 'round %d laya-serve (%s) /health after %.2f s, first answer after %.2f s\n' \
+                "$r" "$UPSTREAM_VERSION" "$health" "$s"
+        elif [ "$side" = serve ]; then
+            s=$(run_serve "$SERVE" "$OUT/serve-$r.log")
+            printf 'round %d %s serve (%s) first answer after %.2f s\n' "$r" "$SERVE" "$DTYPE" "$s"
         else
             tag=$(basename "$(dirname "$side")")
             s=$(run_layad "$side" "$OUT/layad-$tag-$r.log")
