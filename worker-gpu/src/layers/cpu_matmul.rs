@@ -6,6 +6,7 @@
 //! rows poorly across threads; on one 64-token row that made the matrix products about twice as slow
 //! as these kernels (docs/benchmarks.md). Other devices and precisions keep candle's matmul.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use candle_core::backend::BackendStorage;
@@ -132,7 +133,7 @@ impl PackedWeight {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
-        panels.par_chunks_mut(k * nr).enumerate().for_each(|(p, panel)| {
+        panels.par_chunks_mut((k * nr).max(1)).enumerate().for_each(|(p, panel)| {
             let width = nr.min(n - p * nr);
             for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
                 let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
@@ -163,7 +164,7 @@ impl PackedWeight {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
-        panels.par_chunks_mut(k * nr).enumerate().for_each(|(p, panel)| {
+        panels.par_chunks_mut((k * nr).max(1)).enumerate().for_each(|(p, panel)| {
             for c in 0..nr.min(n - p * nr) {
                 let col = p * nr + c;
                 let row = &weight[col * k..(col + 1) * k];
@@ -205,8 +206,8 @@ impl PackedWeight {
     /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
     pub(crate) fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, n, nr) = (self.k, self.n, self.nr);
-        if m == 0 || n == 0 {
-            return vec![0f32; m * n];
+        if m == 0 || n == 0 || k == 0 {
+            return bias_rows(self.bias.as_deref(), m, n);
         }
         let packed_x = pack_rows(x, m, k);
         in_column_blocks(m, n, nr, self.bias.as_deref(), |first, count, block| {
@@ -289,8 +290,9 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
 }
 
 /// A product `[m, n]` computed in parallel column blocks (f32 and bf16): `block(first, count, out)`
-/// fills panels `first .. first + count` of `nr` columns into `out` (`[m, count·nr]`); each block
-/// is then copied into place with `bias` added.
+/// fills panels `first .. first + count` of `nr` columns into `out` (`[m, count·nr]`), storing every
+/// value (its first depth pass does not accumulate); the blocks are then copied into place, rows in
+/// parallel, with `bias` added. An empty depth (`k = 0`) is the caller's: no pass would store.
 pub(crate) fn in_column_blocks(
     m: usize,
     n: usize,
@@ -303,33 +305,74 @@ pub(crate) fn in_column_blocks(
     }
     let panels = n.div_ceil(nr);
     let per_task = panels_per_task(panels);
-    let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
-        .step_by(per_task)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|first| {
+    // Task `t`'s block starts at `t · task_len` (the last one may be narrower).
+    let task_len = m * per_task * nr;
+    with_blocks(panels.div_ceil(per_task) * task_len, |blocks| {
+        blocks.par_chunks_mut(task_len).enumerate().for_each(|(t, out)| {
+            let first = t * per_task;
             let count = per_task.min(panels - first);
-            let mut out = vec![0f32; m * count * nr];
-            block(first, count, &mut out);
-            (first, out)
-        })
-        .collect();
-    // Appended row by row in column order, so the output is never cleared first.
-    let mut out = Vec::with_capacity(m * n);
-    for row in 0..m {
-        for (first, block) in &blocks {
-            let stride = block.len() / m;
-            let width = stride.min(n - first * nr);
-            let at = out.len();
-            out.extend_from_slice(&block[row * stride..row * stride + width]);
+            block(first, count, &mut out[..m * count * nr]);
+        });
+        gather_rows(blocks, (m, n, nr, per_task), bias)
+    })
+}
+
+/// The row-major `[m, n]` product from the column blocks `in_column_blocks` laid out (task `t`'s
+/// block `[m, count·nr]` at `t · m · per_task · nr`), with `bias` added: rows in parallel.
+fn gather_rows(blocks: &[f32], (m, n, nr, per_task): (usize, usize, usize, usize), bias: Option<&[f32]>) -> Vec<f32> {
+    let task_len = m * per_task * nr;
+    // A large zeroed allocation is fresh zero pages (no memset); each row is written once below.
+    let mut out = vec![0f32; m * n];
+    out.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
+        for (t, dst) in dst.chunks_mut(per_task * nr).enumerate() {
+            let stride = per_task.min(n.div_ceil(nr) - t * per_task) * nr;
+            let at = t * task_len + row * stride;
+            dst.copy_from_slice(&blocks[at..at + dst.len()]);
             if let Some(bias) = bias {
-                for (o, b) in out[at..].iter_mut().zip(&bias[first * nr..]) {
+                for (o, b) in dst.iter_mut().zip(&bias[t * per_task * nr..]) {
                     *o += b;
                 }
             }
         }
-    }
+    });
     out
+}
+
+/// `m` rows of `bias` (zeros without one): a product with no depth.
+pub(crate) fn bias_rows(bias: Option<&[f32]>, m: usize, n: usize) -> Vec<f32> {
+    match bias {
+        Some(bias) => bias.repeat(m),
+        None => vec![0f32; m * n],
+    }
+}
+
+/// Most f32 a thread keeps for the column blocks of its products (8 MiB: one 64-token row's widest
+/// product needs 1.3 MiB); a larger product allocates its own.
+const REUSED_BLOCKS: usize = 1 << 21;
+
+thread_local! {
+    /// The column blocks of one product, reused across products on the thread that runs it. Every
+    /// block is stored before it is read, so the buffer is never cleared: cleared per block, these
+    /// buffers were 2–3% of a bf16 forward's time in `memset`, and their copy into place ran on
+    /// one thread (docs/benchmarks.md).
+    static BLOCKS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `work` on a buffer of `len` f32 whose contents are unspecified (reused, or zero).
+fn with_blocks<R>(len: usize, work: impl FnOnce(&mut [f32]) -> R) -> R {
+    if len > REUSED_BLOCKS {
+        return work(&mut vec![0f32; len]);
+    }
+    BLOCKS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut blocks) => {
+            if blocks.len() < len {
+                blocks.resize(len, 0.0);
+            }
+            work(&mut blocks[..len])
+        }
+        // A product inside another's block on this thread (rayon may run one while waiting).
+        Err(_) => work(&mut vec![0f32; len]),
+    })
 }
 
 /// How many of `panels` column panels one parallel task of a product computes (f32 and int8):
@@ -524,6 +567,34 @@ pub(crate) mod tests {
                     assert!(worst < 1e-4, "{kernels} {m}x{k}x{n} bias {with_bias}: {worst}");
                 }
             }
+        }
+    }
+
+    /// The reused column-block buffers carry nothing from one product into the next (a wide
+    /// product, then narrower ones on the same threads; one past the reuse limit), and a product
+    /// with no depth gives its bias.
+    #[test]
+    fn reused_block_buffers_and_empty_depths() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2]
+            .into_iter()
+            .filter(|k| k.available())
+        {
+            for &(m, k, n) in &[(9, 40, 700), (2, 7, 3), (5, 33, 65), (300, 3, 7000), (1, 5, 31)] {
+                let (x, w) = (values(m * k, 6), values(k * n, 7));
+                let bias = values(n, 8);
+                let packed = PackedWeight::pack(&w, k, n, Some(bias.clone()), kernels);
+                let got = pool.install(|| packed.matmul(&x, m));
+                let want = reference(&x, &w, m, k, n, Some(&bias));
+                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst < 1e-4, "{kernels} {m}x{k}x{n}: {worst}");
+            }
+            let no_depth = PackedWeight::pack(&[], 0, 4, Some(vec![1.5; 4]), kernels);
+            assert_eq!(pool.install(|| no_depth.matmul(&[], 3)), vec![1.5; 12]);
+            assert_eq!(
+                PackedWeight::pack(&[], 0, 2, None, kernels).matmul(&[], 2),
+                vec![0.0; 4]
+            );
         }
     }
 

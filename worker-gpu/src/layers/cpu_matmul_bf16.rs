@@ -5,13 +5,14 @@
 //!
 //! Why not candle's bf16 CPU path: its matmul converts and multiplies through the `gemm` crate
 //! without native bf16 dot products, and every other op of a bf16 forward runs candle's slower bf16
-//! elementwise code; measured 2× slower than f32 on this machine (issue 26). Here only the encoder's
-//! matrix products change precision: embeddings, norms, attention and the head stay f32, as with
-//! int8. Served only behind the parity gate against the f32 forward (`gate.rs`).
+//! elementwise code; measured 2× slower than f32 on this machine (issue 26). Here only the matrix
+//! products of the encoder and of the decision head's layers change precision: embeddings, norms,
+//! attention, the scorer and the act head stay f32, as with int8. Served only behind the parity
+//! gate against the f32 forward (`gate.rs`).
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuWeight, in_column_blocks};
+use crate::layers::cpu_matmul::{CpuWeight, bias_rows, in_column_blocks};
 
 /// Columns per packed panel: two AVX-512 registers of f32 sums.
 const NR: usize = 32;
@@ -28,6 +29,13 @@ pub(crate) fn to_bf16(v: f32) -> u16 {
     }
     let rounding = 0x7fff + ((bits >> 16) & 1);
     (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// One or two values (a depth pair, zero past `k`) as the word `bf16(lo) | bf16(hi) << 16`.
+fn pair_word(pair: &[f32]) -> u32 {
+    let lo = u32::from(to_bf16(pair[0]));
+    let hi = pair.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
+    lo | hi << 16
 }
 
 /// The f32 value of bf16 bits.
@@ -96,27 +104,36 @@ impl Bf16Weight {
     }
 
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
-        if m == 0 || self.n == 0 {
-            return vec![0f32; m * self.n];
+        if m == 0 || self.n == 0 || self.k == 0 {
+            return bias_rows(self.bias.as_deref(), m, self.n);
         }
-        let packed_x = self.pack_rows(x, m);
+        let packed_x = self.pack_rows(x, m, portable);
         in_column_blocks(m, self.n, NR, self.bias.as_deref(), |first, count, block| {
             self.block(&packed_x, m, first, count, block, portable);
         })
     }
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
-    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`).
-    fn pack_rows(&self, x: &[f32], m: usize) -> Vec<u32> {
+    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`). With the kernel (and not
+    /// `portable`) rows are rounded by `vcvtne2ps2bf16`: the same words, except that it flushes
+    /// subnormal values to zero.
+    fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
         let (k, pairs) = (self.k, self.pairs);
         let mut packed = vec![0u32; m.div_ceil(MR) * pairs * MR];
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
         packed.par_chunks_mut(pairs * MR).enumerate().for_each(|(t, dst)| {
             for r in 0..MR.min(m - t * MR) {
                 let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
+                #[cfg(target_arch = "x86_64")]
+                if let Some(simd) = simd {
+                    simd.pack_row(row, &mut dst[r..]);
+                    continue;
+                }
                 for (d, pair) in row.chunks(2).enumerate() {
-                    let lo = u32::from(to_bf16(pair[0]));
-                    let hi = pair.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
-                    dst[d * MR + r] = lo | hi << 16;
+                    dst[d * MR + r] = pair_word(pair);
                 }
             }
         });
@@ -202,8 +219,8 @@ mod bf16dp {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m512, __m512bh, __m512i, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_set1_epi32,
-        _mm512_setzero_ps, _mm512_storeu_ps,
+        __m512, __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+        _mm512_maskz_loadu_ps, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_storeu_si512,
     };
 
     use super::{Bf16TileCall, MR, NR};
@@ -218,6 +235,13 @@ mod bf16dp {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512bf16");
             has.then_some(Self(()))
+        }
+
+        /// One row's depth-pair words into `dst[0]`, `dst[MR]`, `dst[2·MR]`, … (as
+        /// [`super::pair_word`], but subnormal values flush to zero).
+        pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32]) {
+            // SAFETY: as in `tile`.
+            unsafe { pack_row(row, dst) }
         }
 
         /// One tile of `rows` (at most `MR`) rows.
@@ -237,6 +261,40 @@ mod bf16dp {
                 }
             }
         }
+    }
+
+    /// 32 values at a time: `vcvtne2ps2bf16` rounds two registers to nearest even (NaN stays NaN,
+    /// quieted) into 16 pair words, which go to every `MR`-th word of `dst`; masked loads read
+    /// the tail as zeros, the padding `dst` holds past `k` anyway.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    fn pack_row(row: &[f32], dst: &mut [u32]) {
+        let mut words = [0u32; 16];
+        for (i, chunk) in row.chunks(32).enumerate() {
+            let len = chunk.len();
+            let low = ((1u64 << len.min(16)) - 1) as u16;
+            let high = ((1u64 << len.saturating_sub(16)) - 1) as u16;
+            // SAFETY: only the lanes inside `chunk` are read (masked loads).
+            let (a, b) = unsafe {
+                (
+                    _mm512_maskz_loadu_ps(low, chunk.as_ptr()),
+                    _mm512_maskz_loadu_ps(high, chunk.as_ptr().wrapping_add(16)),
+                )
+            };
+            // The second operand fills the low 16 bf16: pair words in depth order.
+            let pairs: __m512i = as_int(_mm512_cvtne2ps_pbh(b, a));
+            // SAFETY: `words` is 16 u32 = one 64-byte vector; `storeu` needs no alignment.
+            unsafe { _mm512_storeu_si512(words.as_mut_ptr().cast::<__m512i>(), pairs) };
+            for (j, &word) in words.iter().enumerate().take(len.div_ceil(2)) {
+                dst[(16 * i + j) * MR] = word;
+            }
+        }
+    }
+
+    /// bf16 pairs as 512 integer bits.
+    #[inline(always)]
+    fn as_int(v: __m512bh) -> __m512i {
+        // SAFETY: both are 512-bit plain vectors; every bit pattern is a valid integer vector.
+        unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
     }
 
     /// 512 bits of bf16 pairs as the type `vdpbf16ps` takes.
@@ -366,6 +424,42 @@ mod tests {
                 .fold(0f32, f32::max);
             assert!(worst < 1e-5, "{m}x{k}x{n}: SIMD vs portable {worst}");
         }
+    }
+
+    /// The kernel's row packing gives the portable words exactly (odd depths, tails, ties, ±0,
+    /// NaN, ±∞, the largest finite values), except that subnormal values flush to zero; a product
+    /// with no depth gives its bias.
+    #[test]
+    fn simd_row_packing_equals_the_portable_one() {
+        let no_depth = Bf16Weight::pack_with(|_, _| 0.0, 0, 3, Some(vec![0.5; 3]));
+        assert_eq!(no_depth.matmul(&[], 2), vec![0.5; 6]);
+        if !available() {
+            eprintln!("this CPU has no AVX512_BF16: skipped");
+            return;
+        }
+        let mut special = vec![
+            0.0,
+            -0.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -2.5,
+            f32::NAN,
+            f32::INFINITY,
+        ];
+        special.extend([f32::NEG_INFINITY, f32::MAX, f32::MIN, 1e-30, -3.4e38]);
+        for k in [1, 2, 15, 16, 17, 31, 32, 33, 64, 100, special.len()] {
+            let m = 3;
+            let mut x = values(m * k, k);
+            if k == special.len() {
+                x[k..2 * k].copy_from_slice(&special);
+            }
+            let weight = Bf16Weight::pack_with(|_, _| 1.0, k, 5, None);
+            assert_eq!(weight.pack_rows(&x, m, false), weight.pack_rows(&x, m, true), "k = {k}");
+        }
+        let weight = Bf16Weight::pack_with(|_, _| 1.0, 2, 1, None);
+        let subnormal = f32::MIN_POSITIVE / 4.0;
+        assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
+        assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, true)[0], 0x8000_0000);
     }
 
     #[test]

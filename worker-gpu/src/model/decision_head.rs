@@ -133,6 +133,15 @@ impl DecisionHead {
         Ok(())
     }
 
+    /// Replaces the head layers' matrices by their bf16 rounding for the AVX512_BF16 kernel
+    /// (`dtype = "bf16"` on such a CPU), as [`Self::quantize_for_cpu`] does for int8.
+    pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
+        for linear in self.layer_matrices() {
+            linear.round_to_bf16_for_cpu()?;
+        }
+        Ok(())
+    }
+
     /// The head layers' four matrices each (in_proj, out_proj, linear1, linear2), layer by layer.
     fn layer_matrices(&mut self) -> impl Iterator<Item = &mut Linear> {
         self.layers.iter_mut().flat_map(|layer| {

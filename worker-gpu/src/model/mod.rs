@@ -183,14 +183,16 @@ impl LayaModel {
         self.head.quantize_for_cpu(self.encoder.int8_kernel_choice())
     }
 
-    /// Switches the encoder's matrix products to bf16 weights and activations with the AVX512_BF16
-    /// kernel (`dtype = "bf16"` on a CPU that has it): the packed float32 weights are rounded to
-    /// bf16 and dropped. Everything else stays float32. CPU models packed for AVX-512 only.
+    /// Switches the matrix products of the encoder and of the decision head's layers to bf16
+    /// weights and activations with the AVX512_BF16 kernel (`dtype = "bf16"` on a CPU that has it):
+    /// the packed float32 weights are rounded to bf16 and dropped. Embeddings, norms, attention, the
+    /// scorer and the act head stay float32 (as with int8). CPU models packed for AVX-512 only.
     pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() || !crate::layers::cpu_matmul_bf16::available() {
             candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")
         }
-        self.encoder.round_to_bf16_for_cpu()
+        self.encoder.round_to_bf16_for_cpu()?;
+        self.head.round_to_bf16_for_cpu()
     }
 
     /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
