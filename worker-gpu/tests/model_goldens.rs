@@ -358,6 +358,8 @@ fn activation_choices_are_measured_against_the_goldens() {
         Int8Activations::U8Outliers(4),
         Int8Activations::U8Outliers(8),
         Int8Activations::U8Outliers(16),
+        Int8Activations::U8Outliers(32),
+        Int8Activations::U8Outliers(64),
     ] {
         match load(activations) {
             // The gate's 8 rows may refuse 8 bits outright on some checkpoint.
