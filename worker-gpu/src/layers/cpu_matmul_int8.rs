@@ -585,29 +585,28 @@ impl QuantizedWeight {
                 let mut bytes = vec![0u8; planes * quads * 4];
                 let mut magnitudes = Vec::new();
                 #[cfg(target_arch = "x86_64")]
-                let (plain, clipped) = (
-                    |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
-                        Some(simd) => simd.quantize_row(row, levels, hi, lo),
-                        None => quantize_row(row, levels, hi, lo),
-                    },
-                    simd.map(|simd| {
-                        move |row: &[f32], lo: f32, hi: f32, bytes: &mut [u8]| {
-                            simd.quantize_levels(row, (lo, hi), levels, bytes, None)
-                        }
-                    }),
-                );
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
+                    Some(simd) => simd.quantize_row(row, levels, hi, lo),
+                    None => quantize_row(row, levels, hi, lo),
+                };
                 #[cfg(not(target_arch = "x86_64"))]
-                let (plain, clipped) = (
-                    |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo),
-                    None::<fn(&[f32], f32, f32, &mut [u8]) -> RowQuant>,
-                );
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
                 for (r, quant) in quants.iter_mut().enumerate().take(rows_per_tile.min(m - first)) {
                     let row = &x[(first + r) * k..(first + r + 1) * k];
                     let (hi_plane, lo_plane) = bytes.split_at_mut(quads * 4);
                     let lo_plane = (planes == 2).then_some(lo_plane);
                     let found = if per_row > 0 {
                         let held = &mut held[r * per_row..(r + 1) * per_row];
-                        quantize_row_with_outliers(row, levels, hi_plane, held, &mut magnitudes, clipped.as_ref())
+                        #[cfg(target_arch = "x86_64")]
+                        let found = match simd {
+                            Some(simd) => {
+                                quantize_row_with_outliers(&simd, row, levels, hi_plane, held, &mut magnitudes)
+                            }
+                            None => quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes),
+                        };
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let found = quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes);
+                        found
                     } else {
                         plain(row, hi_plane, lo_plane)
                     };
@@ -839,51 +838,30 @@ impl RowOutliers {
 /// magnitude exceeds the `held.len() + 1`-th largest (so at most `held.len()` of them, ties kept
 /// inside) leave the range, which becomes the other values' minimum and maximum (zero included);
 /// their bytes are set to the zero point's level, which stands for exactly 0, and their values go
-/// to `held` in depth order, to be added exactly by [`OutlierProducts`]. `levels` quantizes the
-/// others (`simd`: the AVX-512 [`quantize_levels`], the same bytes). `None` (nothing written) for
-/// a row holding a non-finite value or an all-zero row.
+/// to `held` in depth order, to be added exactly by [`OutlierProducts`]. `passes` runs the passes
+/// over the row (portable or AVX-512: the same results). `None` (nothing written) for a row
+/// holding a non-finite value or an all-zero row.
 fn quantize_row_with_outliers(
+    passes: &impl OutlierPasses,
     row: &[f32],
     levels: f32,
     bytes: &mut [u8],
     held: &mut [(u32, f32)],
-    magnitudes: &mut Vec<f32>,
-    simd: Option<&impl Fn(&[f32], f32, f32, &mut [u8]) -> RowQuant>,
+    largest: &mut Vec<f32>,
 ) -> Option<RowQuant> {
-    let (min, max) = row_range(row)?;
+    let apart = held.len().min(row.len().saturating_sub(1));
+    let (min, max) = passes.scan(row, apart + 1, largest)?;
     if min == max {
         return None;
     }
-    let apart = held.len().min(row.len().saturating_sub(1));
-    // The (apart + 1)-th largest magnitude: values above it are the outliers.
-    let bound = if apart == 0 {
-        f32::INFINITY
-    } else {
-        magnitudes.clear();
-        magnitudes.extend(row.iter().map(|v| v.abs()));
-        let at = row.len() - 1 - apart;
-        *magnitudes.select_nth_unstable_by(at, f32::total_cmp).1
-    };
-    let (mut lo, mut hi) = (0f32, 0f32);
-    let mut count = 0;
-    for (depth, &v) in row.iter().enumerate() {
-        if v.abs() > bound {
-            held[count] = (depth as u32, v);
-            count += 1;
-        } else {
-            lo = lo.min(v);
-            hi = hi.max(v);
-        }
-    }
+    let bound = if apart == 0 { f32::INFINITY } else { largest[0] };
+    let (lo, hi, count) = passes.clip(row, bound, held);
     let mut quant = if lo == hi {
         // Every value inside the range is zero: only the outliers count.
         bytes[..row.len()].fill(0);
         RowQuant::default()
     } else {
-        match simd {
-            Some(simd) => simd(row, lo, hi, bytes),
-            None => quantize_levels(row, (lo, hi), levels, bytes, None),
-        }
+        passes.levels(row, (lo, hi), levels, bytes)
     };
     // The zero point is within 0..=levels (≤ 255).
     let zero = quant.zero as u8;
@@ -892,6 +870,65 @@ fn quantize_row_with_outliers(
     }
     quant.outliers = count as u32;
     Some(quant)
+}
+
+/// The passes over a row of [`quantize_row_with_outliers`]: [`Portable`] code, or AVX-512 with
+/// the same results exactly.
+trait OutlierPasses {
+    /// The row's range (zero included), `None` if it holds a non-finite value; `largest` ends
+    /// with the row's `count` largest magnitudes, ascending (see [`keep_largest`]).
+    fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)>;
+    /// The range (zero included) of the values of magnitude at most `bound`; the others go to
+    /// `held` (in depth order), and how many there are.
+    fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize);
+    /// [`quantize_levels`] to one plane.
+    fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant;
+}
+
+/// Keeps the `count` largest magnitudes seen so far in `largest`, ascending: fills it first, then
+/// a magnitude above the smallest kept replaces it. The multiset kept, so its smallest, does not
+/// depend on the order the magnitudes come in.
+#[inline(always)]
+fn keep_largest(largest: &mut Vec<f32>, count: usize, magnitude: f32) {
+    if largest.len() < count {
+        let at = largest.partition_point(|&t| t < magnitude);
+        largest.insert(at, magnitude);
+    } else if magnitude > largest[0] {
+        let at = largest.partition_point(|&t| t < magnitude);
+        largest.copy_within(1..at, 0);
+        largest[at - 1] = magnitude;
+    }
+}
+
+/// The portable [`OutlierPasses`] (other CPUs, and the reference of the AVX-512 ones in the tests).
+struct Portable;
+
+impl OutlierPasses for Portable {
+    fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+        largest.clear();
+        for &v in row {
+            keep_largest(largest, count, v.abs());
+        }
+        row_range(row)
+    }
+
+    fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+        let (mut lo, mut hi, mut count) = (0f32, 0f32, 0);
+        for (depth, &v) in row.iter().enumerate() {
+            if v.abs() > bound {
+                held[count] = (depth as u32, v);
+                count += 1;
+            } else {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+        (lo, hi, count)
+    }
+
+    fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant {
+        quantize_levels(row, range, levels, bytes, None)
+    }
 }
 
 /// The outliers' exact part of one output row over a column block: `Σ_j x_j · w(j, c)` in f32,
@@ -1027,17 +1064,20 @@ mod vnni {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m256, __m512, __m512i, _CMP_UNORD_Q, _mm_cvtsi32_si128, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-        _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_add_epi64, _mm512_add_ps,
-        _mm512_and_si512, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi64, _mm512_cvtepi32_ps, _mm512_cvtepi64_ps,
-        _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_fmadd_ps, _mm512_loadu_si512, _mm512_mask_cvtepi32_storeu_epi8,
-        _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32, _mm512_mul_ps, _mm512_reduce_max_ps,
-        _mm512_reduce_min_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_setzero_si512, _mm512_sll_epi32, _mm512_slli_epi64, _mm512_srai_epi32, _mm512_srli_epi32,
-        _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_epi64,
+        __m256, __m512, __m512i, _CMP_GT_OQ, _CMP_UNORD_Q, _mm_cvtsi32_si128, _mm256_add_ps, _mm256_fmadd_ps,
+        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_abs_ps,
+        _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi64,
+        _mm512_cvtepi32_ps, _mm512_cvtepi64_ps, _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_fmadd_ps,
+        _mm512_loadu_si512, _mm512_mask_cmp_ps_mask, _mm512_mask_cvtepi32_storeu_epi8, _mm512_mask_max_ps,
+        _mm512_mask_min_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32, _mm512_mul_ps,
+        _mm512_reduce_max_ps, _mm512_reduce_min_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_ps,
+        _mm512_setzero_ps, _mm512_setzero_si512, _mm512_sll_epi32, _mm512_slli_epi64, _mm512_srai_epi32,
+        _mm512_srli_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_epi64,
     };
 
-    use super::{Combine, MR_Q, NR_Q, OutlierProducts, QuadTileCall, RowQuant, row_levels};
+    use super::{
+        Combine, MR_Q, NR_Q, OutlierPasses, OutlierProducts, QuadTileCall, RowQuant, keep_largest, row_levels,
+    };
 
     /// Proof that this CPU has AVX-512F, AVX-512BW, AVX-512DQ, AVX512-VNNI and FMA.
     #[derive(Clone, Copy)]
@@ -1107,6 +1147,76 @@ mod vnni {
                 }
             }
         }
+    }
+
+    /// 16 lanes at a time; a lane over the bound (rare after the first few) goes through the
+    /// portable code's bookkeeping, in depth order.
+    impl OutlierPasses for Vnni {
+        fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+            // SAFETY: a `Vnni` exists only where `try_new` detected every feature it is compiled for.
+            unsafe { scan(row, count, largest) }
+        }
+
+        fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+            // SAFETY: as in `scan`.
+            unsafe { clip(row, bound, held) }
+        }
+
+        fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant {
+            self.quantize_levels(row, range, levels, bytes, None)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn scan(row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+        largest.clear();
+        let (mut min, mut max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut nan = 0u16;
+        // Below every magnitude until `largest` is full, then its smallest.
+        let mut floor = -1f32;
+        for chunk in row.chunks(16) {
+            let len = chunk.len();
+            let lanes = ((1u32 << len) - 1) as u16;
+            let v = load_lanes(chunk, len);
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            min = _mm512_min_ps(min, v);
+            max = _mm512_max_ps(max, v);
+            let mut over = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(lanes, _mm512_abs_ps(v), _mm512_set1_ps(floor));
+            while over != 0 {
+                let lane = over.trailing_zeros() as usize;
+                over &= over - 1;
+                keep_largest(largest, count, chunk[lane].abs());
+                if largest.len() == count {
+                    floor = largest[0];
+                }
+            }
+        }
+        let (min, max) = (_mm512_reduce_min_ps(min), _mm512_reduce_max_ps(max));
+        (nan == 0 && min.is_finite() && max.is_finite()).then_some((min, max))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn clip(row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let bound = _mm512_set1_ps(bound);
+        let mut count = 0;
+        for (i, chunk) in row.chunks(16).enumerate() {
+            let len = chunk.len();
+            let lanes = ((1u32 << len) - 1) as u16;
+            let v = load_lanes(chunk, len);
+            let mut over = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(lanes, _mm512_abs_ps(v), bound);
+            // Zero lanes past the row change neither end: zero is inside the range anyway.
+            let inside = !over;
+            lo = _mm512_mask_min_ps(lo, inside, lo, v);
+            hi = _mm512_mask_max_ps(hi, inside, hi, v);
+            while over != 0 {
+                let lane = over.trailing_zeros() as usize;
+                over &= over - 1;
+                held[count] = ((16 * i + lane) as u32, chunk[lane]);
+                count += 1;
+            }
+        }
+        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), count)
     }
 
     /// Lanes `0..len` (at most 16) of `values`, zero elsewhere.
@@ -1434,9 +1544,6 @@ mod tests {
     use super::*;
     use crate::layers::cpu_matmul::tests::reference;
 
-    /// A row quantizer over a given range, as `quantize_row_with_outliers` takes it.
-    type LevelsFn = fn(&[f32], f32, f32, &mut [u8]) -> RowQuant;
-
     /// Pseudo-random values in [−1, 1] with a few larger outliers, like real activations.
     fn values(len: usize, seed: u64) -> Vec<f32> {
         let mut state = seed
@@ -1623,8 +1730,7 @@ mod tests {
         let row = [0.5, -8.0, 0.25, 8.0, 3.0, -3.0, 0.0, 1.0];
         let mut bytes = vec![0u8; 8];
         let mut held = vec![(0, 0f32); 3];
-        let no_simd: Option<&LevelsFn> = None;
-        let quant = quantize_row_with_outliers(&row, 255.0, &mut bytes, &mut held, &mut Vec::new(), no_simd)
+        let quant = quantize_row_with_outliers(&Portable, &row, 255.0, &mut bytes, &mut held, &mut Vec::new())
             .expect("finite row");
         // The 4th largest magnitude is 3: ±8 leave, ±3 tie with it and stay.
         assert_eq!(quant.outliers, 2);
@@ -1704,13 +1810,10 @@ mod tests {
                     let (mut bytes, mut bytes2) = (vec![0u8; quads], vec![0u8; quads]);
                     let (mut held, mut held2) = (vec![(0, 0f32); apart], vec![(0, 0f32); apart]);
                     let mut scratch = Vec::new();
-                    let fast = move |row: &[f32], lo: f32, hi: f32, bytes: &mut [u8]| {
-                        simd.quantize_levels(row, (lo, hi), 255.0, bytes, None)
-                    };
-                    let no_simd: Option<&LevelsFn> = None;
-                    let portable = quantize_row_with_outliers(row, 255.0, &mut bytes, &mut held, &mut scratch, no_simd);
+                    let portable =
+                        quantize_row_with_outliers(&Portable, row, 255.0, &mut bytes, &mut held, &mut scratch);
                     let simd_found =
-                        quantize_row_with_outliers(row, 255.0, &mut bytes2, &mut held2, &mut scratch, Some(&fast));
+                        quantize_row_with_outliers(&simd, row, 255.0, &mut bytes2, &mut held2, &mut scratch);
                     let key = |q: Option<RowQuant>| q.map(|q| (q.scale.to_bits(), q.zero, q.outliers));
                     assert_eq!(key(portable), key(simd_found), "{apart} apart, {} values", row.len());
                     assert_eq!(bytes, bytes2, "{apart} apart, {} values", row.len());
