@@ -392,6 +392,52 @@ fn activation_choices_are_measured_against_the_goldens() {
     }
 }
 
+/// The gate tries its activation choices in turn: on `typed-decisions`, u8o:2 is refused (its 8
+/// rows differ by 0.04 in probability), so u16 after it is served and the report says so; u8o:2
+/// alone refuses the checkpoint.
+#[test]
+fn the_gate_falls_back_to_the_next_activation_choice() {
+    if !(CpuKernels::Avx512.available() && has_vnni()) {
+        eprintln!("this CPU has no AVX512-VNNI: skipped");
+        return;
+    }
+    let name = CheckpointName::ALL
+        .iter()
+        .copied()
+        .find(|n| n.as_str() == "typed-decisions")
+        .expect("fixture");
+    let checkpoint = Checkpoint::open(location(name)).expect("open");
+    let model = || {
+        LayaModel::load_with_kernels(
+            name.as_str(),
+            &checkpoint,
+            &candle_core::Device::Cpu,
+            candle_core::DType::F32,
+            CpuKernels::Avx512,
+        )
+        .expect("load")
+    };
+    let two = Int8Activations::U8Outliers(2);
+    let mut fallback = model();
+    let report = worker_gpu::gate::quantize_behind_gate_trying(
+        name.as_str(),
+        &checkpoint,
+        &mut fallback,
+        &[two, Int8Activations::U16],
+    )
+    .expect("u16 passes after u8o:2");
+    assert!(
+        report
+            .executor
+            .contains("avx512-vnni u16 activations, after u8o:2 failed the gate"),
+        "{report:?}"
+    );
+    assert_eq!(fallback.int8_activations(), Some(Int8Activations::U16));
+    let refused = worker_gpu::gate::quantize_behind_gate_trying(name.as_str(), &checkpoint, &mut model(), &[two])
+        .expect_err("u8o:2 alone is refused");
+    assert!(refused.to_string().contains("typed-decisions"), "{refused}");
+}
+
 /// Every golden row through int8 models quantized with `activations` and no gate (one
 /// [`LayaModel`] per fixture checkpoint, AVX-512 family and VNNI), judged with the parity rule
 /// against upstream's numbers.
