@@ -31,8 +31,9 @@ pub struct EngineOptions {
     /// CPU only: the SIMD kernels of the matrix products; `None`: the best this CPU has. Naming one
     /// the CPU lacks fails the load.
     pub cpu_kernels: Option<CpuKernels>,
-    /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: 16 bits (two u8
-    /// planes), what upstream's golden rows need (`gate::quantize_behind_gate`).
+    /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: the first of
+    /// `gate::DEFAULT_ACTIVATIONS` the load-time gate passes (16 bits, two u8 planes: what
+    /// upstream's golden rows need; `gate::quantize_behind_gate`).
     pub int8_activations: Option<Int8Activations>,
     /// Most rows in one forward.
     pub max_rows: u32,

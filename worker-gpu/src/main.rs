@@ -9,7 +9,7 @@ use laya::checkpoint::Location;
 use layad_proto::WorkerArgs;
 use layad_proto::harness::{self, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Precision};
+use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
 /// only after every checkpoint is loaded and warmed; exits on SIGTERM after answering the forwards it
@@ -26,6 +26,13 @@ struct Args {
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     cpu_kernels: Kernels,
 
+    /// `--dtype int8` with the AVX512-VNNI kernel: how activation rows are quantized, each choice
+    /// behind the load-time parity gate: auto (16 bits), u16, u8, u8o (8 bits with outliers held
+    /// apart), u8o:N (N outliers per row). The AVX2 kernel ignores it. The supervisor leaves it at
+    /// auto.
+    #[arg(long, default_value = "auto", value_parser = parse_activations)]
+    int8_activations: Activations,
+
     /// Exit at start-up (non-zero) when the requested device is not available, instead of running on
     /// the CPU and reporting the mismatch in Describe.
     #[arg(long)]
@@ -38,6 +45,17 @@ struct Kernels(Option<CpuKernels>);
 
 fn parse_kernels(text: &str) -> Result<Kernels, String> {
     CpuKernels::parse(text).map(Kernels)
+}
+
+/// `--int8-activations`: `auto` leaves the choice to the gate (`gate::DEFAULT_ACTIVATIONS`).
+#[derive(Clone, Copy, Debug)]
+struct Activations(Option<Int8Activations>);
+
+fn parse_activations(text: &str) -> Result<Activations, String> {
+    match text.trim() {
+        "auto" => Ok(Activations(None)),
+        other => Int8Activations::parse(other).map(|a| Activations(Some(a))),
+    }
 }
 
 /// `--device` (auto: CUDA, then Metal, then CPU; cpu, metal, cuda or cuda:N) and `--dtype` (auto:
@@ -82,7 +100,7 @@ fn main() -> ExitCode {
         precision,
         threads: common.threads,
         cpu_kernels: args.cpu_kernels.0,
-        int8_activations: None,
+        int8_activations: args.int8_activations.0,
         max_rows: common.max_rows,
         max_batch_tokens: common.max_batch_tokens,
         length_buckets: common.length_buckets.clone(),

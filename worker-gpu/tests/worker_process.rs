@@ -685,6 +685,38 @@ async fn int8_serves_only_after_its_parity_gate_and_describe_reports_the_gate() 
     assert!(!refused.socket.exists());
 }
 
+/// `--int8-activations` reaches the gate: with the VNNI kernel, u8o:2 is refused on the
+/// `typed-decisions` fixture and the worker exits naming it; an unknown choice is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn int8_activations_are_chosen_on_the_command_line_and_gated() {
+    #[cfg(target_arch = "x86_64")]
+    let vnni = worker_gpu::CpuKernels::Avx512.available()
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    if vnni {
+        let mut refused = Worker::start(&["--dtype", "int8", "--int8-activations", "u8o:2"]);
+        let status = refused.exit_within(Duration::from_secs(60)).await;
+        assert!(!status.success(), "{}", refused.log());
+        assert!(
+            refused.log().contains("'typed-decisions': refused in int8"),
+            "{}",
+            refused.log()
+        );
+    } else {
+        eprintln!("this CPU has no AVX512-VNNI: the refusal is not tested here");
+    }
+    let mut unknown = Worker::start(&["--dtype", "int8", "--int8-activations", "u4"]);
+    let status = unknown.exit_within(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(2), "{}", unknown.log());
+    assert!(
+        unknown.log().contains("unknown int8 activations 'u4'"),
+        "{}",
+        unknown.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_directory_others_can_enter_is_refused_before_loading() {
     let dir = tempfile::tempdir().expect("tempdir");

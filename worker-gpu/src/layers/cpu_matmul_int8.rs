@@ -8,11 +8,19 @@
 //!   add included): weights as s8 in panels of 32 columns, four depths per i32 lane. Activations are
 //!   quantized per row *asymmetrically* to u8 (256 levels between the row's minimum and maximum,
 //!   zero included), and `zero_point · Σ_d w(d, c)` (a column sum computed at load) is subtracted
-//!   from each sum: `Σ (u − z)·w = Σ u·w − z·Σ w`. 8 bits did not keep upstream's golden rows
-//!   within the parity gate (`gate.rs`), so by default rows are quantized to 16 bits and split
-//!   into a high and a low u8 plane, each run as its own row through the same kernel
-//!   (`256·Σ hi·w + Σ lo·w`): twice the dot products, still half the instructions per product of
-//!   the AVX2 kernel below ([`Int8Activations`]).
+//!   from each sum: `Σ (u − z)·w = Σ u·w − z·Σ w`. Plain 8 bits did not keep upstream's golden
+//!   rows within the parity gate (`gate.rs`). Also ([`Int8Activations`]):
+//!   - **u8 with outliers** (`u8o:N`): the N largest-magnitude values of each row are held apart
+//!     (selected in O(k)), the row is quantized to u8 over the range of the others, the outliers'
+//!     bytes set to the zero point's level (exactly 0), and their products added exactly in f32
+//!     when the sums are combined: `sw[c] · Σ_j x_j · w(j, c)`, the weights read from the packed
+//!     quad panels (no second copy), 16 columns per fused multiply-add. One u8 plane plus about
+//!     `N·n/16` vector operations per row against the dense product's `k·n/64`. Closer than plain
+//!     u8 but still not within the gate on upstream's golden rows (measured in
+//!     docs/benchmarks.md): opt-in, behind the gate.
+//!   - **u16** (the default): 16 bits split into a high and a low u8 plane, each run as its own
+//!     row through the same kernel (`256·Σ hi·w + Σ lo·w`): twice the dot products, still half the
+//!     instructions per product of the AVX2 kernel below.
 //! - **AVX2** (`vpmaddwd`, i16 × i16 pairs summed into i32): weights held as i16 in panels of 16
 //!   columns; activations symmetric per row to as many levels as an i32 sum over the depth holds
 //!   (`127 · levels · k < 2³¹`: about 14 bits at k = 1024). Without VNNI, `vpmaddubsw` (u8 × s8)
@@ -21,7 +29,8 @@
 //! - **Portable** integer code for other CPUs (and as the exact reference of both SIMD kernels in
 //!   the tests: the SIMD sums equal the portable sums bit for bit).
 //!
-//! `y = (acc − z·colsum) · sx[row] · sw[col] (+ bias)` in f32. Measured in docs/benchmarks.md.
+//! `y = (acc − z·colsum) · sx[row] · sw[col] (+ outliers · sw[col]) (+ bias)` in f32. Measured in
+//! docs/benchmarks.md.
 
 use std::cell::RefCell;
 
@@ -115,39 +124,68 @@ impl Int8Kernel {
 pub enum Int8Activations {
     /// 8 bits: 256 levels between the row's minimum and maximum (zero included).
     U8,
+    /// 8 bits over the range of the row *without* its largest-magnitude values (at most this many
+    /// per row): those are set to the zero point's level and added back exactly, in f32, from the
+    /// same packed weights (`Σ x_j · w(j, c)` over the outliers) when the sums are combined.
+    U8Outliers(u16),
     /// 16 bits, as a high and a low u8 plane: 65536 levels, twice the dot products.
     U16,
 }
 
 impl Int8Activations {
-    /// `u8` or `u16`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::U8 => "u8",
-            Self::U16 => "u16",
-        }
-    }
+    /// Outliers per row of `u8o` when the count is not given.
+    pub const DEFAULT_OUTLIERS: u16 = 4;
 
-    /// Parses `u8` or `u16`.
+    /// 8 bits with [`Self::DEFAULT_OUTLIERS`] outliers per row.
+    pub const U8_OUTLIERS: Self = Self::U8Outliers(Self::DEFAULT_OUTLIERS);
+
+    /// Parses `u8`, `u16`, `u8o` (8 bits with the default outlier count) or `u8o:N` (N outliers
+    /// per row, 1 to 256).
     pub fn parse(text: &str) -> Result<Self, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
+        let text = text.trim().to_ascii_lowercase();
+        match text.as_str() {
             "u8" | "8" => Ok(Self::U8),
             "u16" | "16" => Ok(Self::U16),
-            _ => Err(format!("unknown int8 activations '{text}'; expected u8 or u16")),
+            "u8o" => Ok(Self::U8_OUTLIERS),
+            _ => match text.strip_prefix("u8o:").map(str::parse::<u16>) {
+                Some(Ok(count @ 1..=256)) => Ok(Self::U8Outliers(count)),
+                _ => Err(format!(
+                    "unknown int8 activations '{text}'; expected u8, u16, u8o or u8o:N (1 ≤ N ≤ 256 outliers per row)"
+                )),
+            },
         }
     }
 
     fn planes(self) -> usize {
         match self {
-            Self::U8 => 1,
+            Self::U8 | Self::U8Outliers(_) => 1,
             Self::U16 => 2,
         }
     }
 
     fn levels(self) -> f32 {
         match self {
-            Self::U8 => 255.0,
+            Self::U8 | Self::U8Outliers(_) => 255.0,
             Self::U16 => 65535.0,
+        }
+    }
+
+    /// Largest-magnitude values per row taken out of the 8-bit range.
+    fn outliers(self) -> usize {
+        match self {
+            Self::U8Outliers(count) => usize::from(count),
+            Self::U8 | Self::U16 => 0,
+        }
+    }
+}
+
+/// `u8`, `u16` or `u8o:N`: what [`Int8Activations::parse`] reads back.
+impl std::fmt::Display for Int8Activations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::U8 => f.write_str("u8"),
+            Self::U16 => f.write_str("u16"),
+            Self::U8Outliers(count) => write!(f, "u8o:{count}"),
         }
     }
 }
@@ -189,12 +227,14 @@ pub(crate) struct QuantizedWeight {
     bias: Option<Vec<f32>>,
 }
 
-/// One activation row's quantization: `x ≈ scale · (u − zero)`; `scale` NaN for a row with a
-/// non-finite value, 0 for an all-zero row.
+/// One activation row's quantization: `x ≈ scale · (u − zero)`, plus `outliers` values held apart
+/// (8-bit activations with outliers); `scale` NaN for a row with a non-finite value, 0 for an
+/// all-zero row (or one whose values are all outliers or zero).
 #[derive(Clone, Copy, Default)]
 struct RowQuant {
     scale: f32,
     zero: i64,
+    outliers: u32,
 }
 
 impl QuantizedWeight {
@@ -315,7 +355,7 @@ impl QuantizedWeight {
     pub(crate) fn describe(&self) -> String {
         match &self.panels {
             Panels::Quads { activations, .. } => {
-                format!("{} {} activations", self.kernel.as_str(), activations.as_str())
+                format!("{} {activations} activations", self.kernel.as_str())
             }
             Panels::Pairs { .. } => format!("{} i16 activations", self.kernel.as_str()),
         }
@@ -338,14 +378,14 @@ impl QuantizedWeight {
             let row = self.bias.clone().unwrap_or_else(|| vec![0f32; n]);
             return row.repeat(m);
         }
-        let (nr, planes, packed_x, quants) = match &self.panels {
+        let (nr, planes, packed_x, quants, outliers) = match &self.panels {
             Panels::Pairs { .. } => {
                 let (packed, quants) = self.quantize_pairs(x, m);
-                (NR, 1, Packed::Pairs(packed), quants)
+                (NR, 1, Packed::Pairs(packed), quants, RowOutliers::default())
             }
             Panels::Quads { activations, .. } => {
-                let (packed, quants) = self.quantize_quads(x, m, *activations, portable);
-                (NR_Q, activations.planes(), Packed::Quads(packed), quants)
+                let (packed, quants, outliers) = self.quantize_quads(x, m, *activations, portable);
+                (NR_Q, activations.planes(), Packed::Quads(packed), quants, outliers)
             }
         };
         let panels = n.div_ceil(nr);
@@ -362,7 +402,7 @@ impl QuantizedWeight {
                         Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
                         Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
                     }
-                    self.combine_block(sums, m, (planes, stride), first, &quants, portable)
+                    self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable)
                 })
             })
             .collect();
@@ -370,19 +410,24 @@ impl QuantizedWeight {
     }
 
     /// The float outputs `[m, width]` of the column block from panel `first` on, from its integer
-    /// sums (`planes` rows of `stride` sums per row of `x`).
+    /// sums (`planes` rows of `stride` sums per row of `x`) and each row's outliers.
     fn combine_block(
         &self,
         sums: &[i32],
         m: usize,
         (planes, stride): (usize, usize),
         first: usize,
-        quants: &[RowQuant],
+        (quants, outliers): (&[RowQuant], &RowOutliers),
         portable: bool,
     ) -> (usize, Vec<f32>) {
-        let (column_sums, nr): (&[i32], usize) = match &self.panels {
-            Panels::Quads { column_sums, .. } => (column_sums, NR_Q),
-            Panels::Pairs { .. } => (&[], NR),
+        let (column_sums, nr, quads, panels): (&[i32], usize, usize, &[i8]) = match &self.panels {
+            Panels::Quads {
+                column_sums,
+                quads,
+                panels,
+                ..
+            } => (column_sums, NR_Q, *quads, panels),
+            Panels::Pairs { .. } => (&[], NR, 0, &[]),
         };
         let width = stride.min(self.n - first * nr);
         let mut block = vec![0f32; m * width];
@@ -402,15 +447,42 @@ impl QuantizedWeight {
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
+        // The outliers' exact products for one row, `stride` columns (zero weights past `n`).
+        let mut exact = if outliers.per_row > 0 {
+            vec![0f32; stride]
+        } else {
+            Vec::new()
+        };
+        let block_panels = &panels[(first * quads * 4 * NR_Q).min(panels.len())..];
         for (row, dst) in block.chunks_exact_mut(width).enumerate() {
             let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
+            let quant = quants[row];
+            let held = outliers.row(row, quant.outliers);
+            let outlier_products = if held.is_empty() {
+                None
+            } else {
+                let products = OutlierProducts {
+                    panels: block_panels,
+                    quads,
+                    outliers: held,
+                };
+                #[cfg(target_arch = "x86_64")]
+                match simd {
+                    Some(simd) => simd.outlier_products(&products, &mut exact),
+                    None => products.scalar(&mut exact),
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                products.scalar(&mut exact);
+                Some(&exact[..width])
+            };
             let combine = Combine {
                 hi: plane(0),
                 lo: (planes == 2).then(|| plane(1)),
                 corrections,
                 scales,
                 bias,
-                quant: quants[row],
+                quant,
+                outliers: outlier_products,
             };
             #[cfg(target_arch = "x86_64")]
             if let Some(simd) = simd {
@@ -468,23 +540,36 @@ impl QuantizedWeight {
     }
 
     /// Quad layout: each row of `x` to unsigned levels between its minimum and maximum (zero
-    /// included), as one (8-bit) or two (16-bit: high byte, then low byte) plane rows, packed as
-    /// tiles of `MR_Q` plane rows: tile `t` holds, per depth quad, `MR_Q` u32 words of four u8
-    /// (zero past the rows and `k`). Returns the packed tiles and each row's quantization. With
-    /// VNNI (and not `portable`) rows are quantized with AVX-512, to the same levels exactly.
-    fn quantize_quads(&self, x: &[f32], m: usize, bits: Int8Activations, portable: bool) -> (Vec<u32>, Vec<RowQuant>) {
+    /// included; with outliers, those of the row without them), as one (8-bit) or two (16-bit: high
+    /// byte, then low byte) plane rows, packed as tiles of `MR_Q` plane rows: tile `t` holds, per
+    /// depth quad, `MR_Q` u32 words of four u8 (zero past the rows and `k`). Returns the packed
+    /// tiles, each row's quantization and its outliers. With VNNI (and not `portable`) rows are
+    /// quantized with AVX-512, to the same levels exactly.
+    fn quantize_quads(
+        &self,
+        x: &[f32],
+        m: usize,
+        bits: Int8Activations,
+        portable: bool,
+    ) -> (Vec<u32>, Vec<RowQuant>, RowOutliers) {
         let Panels::Quads { quads, .. } = &self.panels else {
-            return (Vec::new(), vec![RowQuant::default(); m]);
+            return (Vec::new(), vec![RowQuant::default(); m], RowOutliers::default());
         };
         let (k, quads) = (self.k, *quads);
         let planes = bits.planes();
         let levels = bits.levels();
+        // A row of `k` values keeps at least one inside the range.
+        let per_row = bits.outliers().min(k.saturating_sub(1));
         let plane_rows = m * planes;
         let tiles = plane_rows.div_ceil(MR_Q);
         let mut packed = vec![0u32; tiles * quads * MR_Q];
         // MR_Q is a multiple of both plane counts, so a row's planes share one tile.
         let rows_per_tile = MR_Q / planes;
         let mut quants = vec![RowQuant::default(); tiles * rows_per_tile];
+        let mut outliers = RowOutliers {
+            per_row,
+            held: vec![(0, 0.0); tiles * rows_per_tile * per_row.max(1)],
+        };
         #[cfg(target_arch = "x86_64")]
         let simd = if portable { None } else { vnni::Vnni::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
@@ -492,22 +577,39 @@ impl QuantizedWeight {
         packed
             .par_chunks_mut(quads * MR_Q)
             .zip(quants.par_chunks_mut(rows_per_tile))
+            .zip(outliers.held.par_chunks_mut(rows_per_tile * per_row.max(1)))
             .enumerate()
-            .for_each(|(t, (dst, quants))| {
+            .for_each(|(t, ((dst, quants), held))| {
                 let first = t * rows_per_tile;
                 // One row's levels as byte planes (high, then low), zero past `k`.
                 let mut bytes = vec![0u8; planes * quads * 4];
+                let mut magnitudes = Vec::new();
+                #[cfg(target_arch = "x86_64")]
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
+                    Some(simd) => simd.quantize_row(row, levels, hi, lo),
+                    None => quantize_row(row, levels, hi, lo),
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
                 for (r, quant) in quants.iter_mut().enumerate().take(rows_per_tile.min(m - first)) {
                     let row = &x[(first + r) * k..(first + r + 1) * k];
                     let (hi_plane, lo_plane) = bytes.split_at_mut(quads * 4);
                     let lo_plane = (planes == 2).then_some(lo_plane);
-                    #[cfg(target_arch = "x86_64")]
-                    let found = match simd {
-                        Some(simd) => simd.quantize_row(row, levels, hi_plane, lo_plane),
-                        None => quantize_row(row, levels, hi_plane, lo_plane),
+                    let found = if per_row > 0 {
+                        let held = &mut held[r * per_row..(r + 1) * per_row];
+                        #[cfg(target_arch = "x86_64")]
+                        let found = match simd {
+                            Some(simd) => {
+                                quantize_row_with_outliers(&simd, row, levels, hi_plane, held, &mut magnitudes)
+                            }
+                            None => quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes),
+                        };
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let found = quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes);
+                        found
+                    } else {
+                        plain(row, hi_plane, lo_plane)
                     };
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let found = quantize_row(row, levels, hi_plane, lo_plane);
                     // A row with a non-finite value (NaN scale) or a constant one: its words stay zero.
                     let Some(found) = found else {
                         *quant = RowQuant {
@@ -517,6 +619,7 @@ impl QuantizedWeight {
                                 f32::NAN
                             },
                             zero: 0,
+                            outliers: 0,
                         };
                         continue;
                     };
@@ -529,7 +632,7 @@ impl QuantizedWeight {
                 }
             });
         quants.truncate(m);
-        (packed, quants)
+        (packed, quants, outliers)
     }
 
     /// Pair layout: panels `first .. first + count` for every row into `sums` (`[m, count·NR]`).
@@ -671,6 +774,7 @@ fn row_levels(lo: f32, hi: f32, levels: f32) -> (RowQuant, f32, f32) {
         RowQuant {
             scale,
             zero: zero as i64,
+            outliers: 0,
         },
         inverse,
         zero,
@@ -686,6 +790,12 @@ fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) 
     if min == max {
         return None;
     }
+    Some(quantize_levels(row, (min, max), levels, hi, lo))
+}
+
+/// [`quantize_row`] over the range `(min, max)` (`min ≤ 0 ≤ max`, `min < max`): values outside
+/// it take the end levels.
+fn quantize_levels(row: &[f32], (min, max): (f32, f32), levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) -> RowQuant {
     let (quant, inverse, zero) = row_levels(min, max, levels);
     let q = |v: f32| round_small((v * inverse + zero).clamp(0.0, levels)) as u32;
     match lo {
@@ -702,11 +812,155 @@ fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) 
             }
         }
     }
+    quant
+}
+
+/// Each row's outliers: `(depth, value)`, at most `per_row` of them, in depth order, the row's
+/// count in its [`RowQuant`]; row `r`'s from `r · per_row`.
+#[derive(Default)]
+struct RowOutliers {
+    per_row: usize,
+    held: Vec<(u32, f32)>,
+}
+
+impl RowOutliers {
+    fn row(&self, row: usize, count: u32) -> &[(u32, f32)] {
+        if count == 0 {
+            // Also the layouts without outliers, which hold none.
+            return &[];
+        }
+        let start = row * self.per_row;
+        &self.held[start..start + count as usize]
+    }
+}
+
+/// One 8-bit activation row with its largest-magnitude values held apart: the values whose
+/// magnitude exceeds the `held.len() + 1`-th largest (so at most `held.len()` of them, ties kept
+/// inside) leave the range, which becomes the other values' minimum and maximum (zero included);
+/// their bytes are set to the zero point's level, which stands for exactly 0, and their values go
+/// to `held` in depth order, to be added exactly by [`OutlierProducts`]. `passes` runs the passes
+/// over the row (portable or AVX-512: the same results). `None` (nothing written) for a row
+/// holding a non-finite value or an all-zero row.
+fn quantize_row_with_outliers(
+    passes: &impl OutlierPasses,
+    row: &[f32],
+    levels: f32,
+    bytes: &mut [u8],
+    held: &mut [(u32, f32)],
+    largest: &mut Vec<f32>,
+) -> Option<RowQuant> {
+    let apart = held.len().min(row.len().saturating_sub(1));
+    let (min, max) = passes.scan(row, apart + 1, largest)?;
+    if min == max {
+        return None;
+    }
+    let bound = if apart == 0 { f32::INFINITY } else { largest[0] };
+    let (lo, hi, count) = passes.clip(row, bound, held);
+    let mut quant = if lo == hi {
+        // Every value inside the range is zero: only the outliers count.
+        bytes[..row.len()].fill(0);
+        RowQuant::default()
+    } else {
+        passes.levels(row, (lo, hi), levels, bytes)
+    };
+    // The zero point is within 0..=levels (≤ 255).
+    let zero = quant.zero as u8;
+    for &(depth, _) in &held[..count] {
+        bytes[depth as usize] = zero;
+    }
+    quant.outliers = count as u32;
     Some(quant)
 }
 
-/// One output row of a quad-layout product from its integer sums: `(acc − zero·Σw) · sx · sw (+ b)`,
-/// `acc` the sums of the 8-bit plane, or `256·hi + lo` of the two 16-bit planes.
+/// The passes over a row of [`quantize_row_with_outliers`]: [`Portable`] code, or AVX-512 with
+/// the same results exactly.
+trait OutlierPasses {
+    /// The row's range (zero included), `None` if it holds a non-finite value; `largest` ends
+    /// with the row's `count` largest magnitudes, ascending (see [`keep_largest`]).
+    fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)>;
+    /// The range (zero included) of the values of magnitude at most `bound`; the others go to
+    /// `held` (in depth order), and how many there are.
+    fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize);
+    /// [`quantize_levels`] to one plane.
+    fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant;
+}
+
+/// Keeps the `count` largest magnitudes seen so far in `largest`, ascending: fills it first, then
+/// a magnitude above the smallest kept replaces it. The multiset kept, so its smallest, does not
+/// depend on the order the magnitudes come in.
+#[inline(always)]
+fn keep_largest(largest: &mut Vec<f32>, count: usize, magnitude: f32) {
+    if largest.len() < count {
+        let at = largest.partition_point(|&t| t < magnitude);
+        largest.insert(at, magnitude);
+    } else if magnitude > largest[0] {
+        let at = largest.partition_point(|&t| t < magnitude);
+        largest.copy_within(1..at, 0);
+        largest[at - 1] = magnitude;
+    }
+}
+
+/// The portable [`OutlierPasses`] (other CPUs, and the reference of the AVX-512 ones in the tests).
+struct Portable;
+
+impl OutlierPasses for Portable {
+    fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+        largest.clear();
+        for &v in row {
+            keep_largest(largest, count, v.abs());
+        }
+        row_range(row)
+    }
+
+    fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+        let (mut lo, mut hi, mut count) = (0f32, 0f32, 0);
+        for (depth, &v) in row.iter().enumerate() {
+            if v.abs() > bound {
+                held[count] = (depth as u32, v);
+                count += 1;
+            } else {
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+        }
+        (lo, hi, count)
+    }
+
+    fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant {
+        quantize_levels(row, range, levels, bytes, None)
+    }
+}
+
+/// The outliers' exact part of one output row over a column block: `Σ_j x_j · w(j, c)` in f32,
+/// `w` the quantized weights (the column scale applied in [`Combine`]) read from the packed quad
+/// panels, the outliers in depth order, one fused multiply-add each.
+struct OutlierProducts<'a> {
+    /// The block's panels on (`quads · 4 · NR_Q` bytes each).
+    panels: &'a [i8],
+    quads: usize,
+    outliers: &'a [(u32, f32)],
+}
+
+impl OutlierProducts<'_> {
+    /// Into `out` (a whole number of panels' columns).
+    fn scalar(&self, out: &mut [f32]) {
+        let panel_bytes = self.quads * 4 * NR_Q;
+        for (p, out) in out.chunks_exact_mut(NR_Q).enumerate() {
+            let panel = &self.panels[p * panel_bytes..(p + 1) * panel_bytes];
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = self.outliers.iter().fold(0f32, |acc, &(depth, v)| {
+                    let depth = depth as usize;
+                    let w = panel[(depth / 4) * 4 * NR_Q + 4 * c + depth % 4];
+                    v.mul_add(f32::from(w), acc)
+                });
+            }
+        }
+    }
+}
+
+/// One output row of a quad-layout product from its integer sums: `(acc − zero·Σw) · sx · sw
+/// (+ outliers · sw) (+ b)`, `acc` the sums of the 8-bit plane, or `256·hi + lo` of the two 16-bit
+/// planes.
 struct Combine<'a> {
     hi: &'a [i32],
     lo: Option<&'a [i32]>,
@@ -715,13 +969,15 @@ struct Combine<'a> {
     scales: &'a [f32],
     bias: Option<&'a [f32]>,
     quant: RowQuant,
+    /// The outliers' exact products ([`OutlierProducts`]), one per column, when the row has any.
+    outliers: Option<&'a [f32]>,
 }
 
 impl Combine<'_> {
     /// Output column `c`, as the SIMD combine computes it (the portable code, and the tails).
     #[inline(always)]
     fn column(&self, c: usize) -> f32 {
-        let RowQuant { scale: sx, zero } = self.quant;
+        let RowQuant { scale: sx, zero, .. } = self.quant;
         let mut acc = i64::from(self.hi[c]);
         if let Some(lo) = self.lo {
             acc = 256 * acc + i64::from(lo[c]);
@@ -729,7 +985,10 @@ impl Combine<'_> {
         if let Some(&sum) = self.corrections.get(c) {
             acc -= zero * i64::from(sum);
         }
-        let out = acc as f32 * (sx * self.scales[c]);
+        let mut out = acc as f32 * (sx * self.scales[c]);
+        if let Some(exact) = self.outliers {
+            out = exact[c].mul_add(self.scales[c], out);
+        }
         match self.bias {
             Some(bias) => out + bias[c],
             None => out,
@@ -805,18 +1064,22 @@ mod vnni {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m256, __m512, __m512i, _CMP_UNORD_Q, _mm256_add_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps,
-        _mm256_set1_ps, _mm256_storeu_ps, _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask,
-        _mm512_cvtepi32_epi64, _mm512_cvtepi64_ps, _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_loadu_si512,
-        _mm512_mask_cvtepi32_storeu_epi8, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32,
-        _mm512_mul_ps, _mm512_reduce_max_ps, _mm512_reduce_min_ps, _mm512_set1_epi32, _mm512_set1_epi64,
-        _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi64, _mm512_srli_epi32,
-        _mm512_storeu_si512, _mm512_sub_epi64,
+        __m256, __m512, __m512i, _CMP_GT_OQ, _CMP_UNORD_Q, _mm_cvtsi32_si128, _mm256_add_ps, _mm256_fmadd_ps,
+        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_abs_ps,
+        _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi64,
+        _mm512_cvtepi32_ps, _mm512_cvtepi64_ps, _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_fmadd_ps,
+        _mm512_loadu_si512, _mm512_mask_cmp_ps_mask, _mm512_mask_cvtepi32_storeu_epi8, _mm512_mask_max_ps,
+        _mm512_mask_min_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32, _mm512_mul_ps,
+        _mm512_reduce_max_ps, _mm512_reduce_min_ps, _mm512_set1_epi32, _mm512_set1_epi64, _mm512_set1_ps,
+        _mm512_setzero_ps, _mm512_setzero_si512, _mm512_sll_epi32, _mm512_slli_epi64, _mm512_srai_epi32,
+        _mm512_srli_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_epi64,
     };
 
-    use super::{Combine, MR_Q, NR_Q, QuadTileCall, RowQuant, row_levels};
+    use super::{
+        Combine, MR_Q, NR_Q, OutlierPasses, OutlierProducts, QuadTileCall, RowQuant, keep_largest, row_levels,
+    };
 
-    /// Proof that this CPU has AVX-512F, AVX-512BW, AVX-512DQ and AVX512-VNNI.
+    /// Proof that this CPU has AVX-512F, AVX-512BW, AVX-512DQ, AVX512-VNNI and FMA.
     #[derive(Clone, Copy)]
     pub(super) struct Vnni(());
 
@@ -825,7 +1088,8 @@ mod vnni {
             let has = std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512vnni");
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("fma");
             has.then_some(Self(()))
         }
 
@@ -839,6 +1103,25 @@ mod vnni {
         ) -> Option<RowQuant> {
             // SAFETY: a `Vnni` exists only where `try_new` detected every feature it is compiled for.
             unsafe { quantize_row(row, levels, hi, lo) }
+        }
+
+        /// [`super::quantize_levels`] with AVX-512: the same levels, bytes and quantization exactly.
+        pub(super) fn quantize_levels(
+            self,
+            row: &[f32],
+            range: (f32, f32),
+            levels: f32,
+            hi: &mut [u8],
+            lo: Option<&mut [u8]>,
+        ) -> RowQuant {
+            // SAFETY: as in `quantize_row`.
+            unsafe { quantize_levels(row, range, levels, hi, lo) }
+        }
+
+        /// [`OutlierProducts::scalar`] with AVX-512 (16 columns at a time): the same floats.
+        pub(super) fn outlier_products(self, products: &OutlierProducts<'_>, out: &mut [f32]) {
+            // SAFETY: as in `quantize_row`.
+            unsafe { outlier_products(products, out) }
         }
 
         /// [`Combine::scalar`] with AVX-512 (8 columns of i64 sums at a time): the same floats.
@@ -866,6 +1149,76 @@ mod vnni {
         }
     }
 
+    /// 16 lanes at a time; a lane over the bound (rare after the first few) goes through the
+    /// portable code's bookkeeping, in depth order.
+    impl OutlierPasses for Vnni {
+        fn scan(&self, row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+            // SAFETY: a `Vnni` exists only where `try_new` detected every feature it is compiled for.
+            unsafe { scan(row, count, largest) }
+        }
+
+        fn clip(&self, row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+            // SAFETY: as in `scan`.
+            unsafe { clip(row, bound, held) }
+        }
+
+        fn levels(&self, row: &[f32], range: (f32, f32), levels: f32, bytes: &mut [u8]) -> RowQuant {
+            self.quantize_levels(row, range, levels, bytes, None)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn scan(row: &[f32], count: usize, largest: &mut Vec<f32>) -> Option<(f32, f32)> {
+        largest.clear();
+        let (mut min, mut max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut nan = 0u16;
+        // Below every magnitude until `largest` is full, then its smallest.
+        let mut floor = -1f32;
+        for chunk in row.chunks(16) {
+            let len = chunk.len();
+            let lanes = ((1u32 << len) - 1) as u16;
+            let v = load_lanes(chunk, len);
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            min = _mm512_min_ps(min, v);
+            max = _mm512_max_ps(max, v);
+            let mut over = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(lanes, _mm512_abs_ps(v), _mm512_set1_ps(floor));
+            while over != 0 {
+                let lane = over.trailing_zeros() as usize;
+                over &= over - 1;
+                keep_largest(largest, count, chunk[lane].abs());
+                if largest.len() == count {
+                    floor = largest[0];
+                }
+            }
+        }
+        let (min, max) = (_mm512_reduce_min_ps(min), _mm512_reduce_max_ps(max));
+        (nan == 0 && min.is_finite() && max.is_finite()).then_some((min, max))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn clip(row: &[f32], bound: f32, held: &mut [(u32, f32)]) -> (f32, f32, usize) {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let bound = _mm512_set1_ps(bound);
+        let mut count = 0;
+        for (i, chunk) in row.chunks(16).enumerate() {
+            let len = chunk.len();
+            let lanes = ((1u32 << len) - 1) as u16;
+            let v = load_lanes(chunk, len);
+            let mut over = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(lanes, _mm512_abs_ps(v), bound);
+            // Zero lanes past the row change neither end: zero is inside the range anyway.
+            let inside = !over;
+            lo = _mm512_mask_min_ps(lo, inside, lo, v);
+            hi = _mm512_mask_max_ps(hi, inside, hi, v);
+            while over != 0 {
+                let lane = over.trailing_zeros() as usize;
+                over &= over - 1;
+                held[count] = ((16 * i + lane) as u32, chunk[lane]);
+                count += 1;
+            }
+        }
+        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), count)
+    }
+
     /// Lanes `0..len` (at most 16) of `values`, zero elsewhere.
     #[target_feature(enable = "avx512f")]
     fn load_lanes(values: &[f32], len: usize) -> __m512 {
@@ -891,6 +1244,17 @@ mod vnni {
         if nan != 0 || !(min.is_finite() && max.is_finite()) || min == max {
             return None;
         }
+        Some(quantize_levels(row, (min, max), levels, hi, lo))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    fn quantize_levels(
+        row: &[f32],
+        (min, max): (f32, f32),
+        levels: f32,
+        hi: &mut [u8],
+        lo: Option<&mut [u8]>,
+    ) -> RowQuant {
         let (quant, inverse, zero) = row_levels(min, max, levels);
         let (inverse, zero, top) = (_mm512_set1_ps(inverse), _mm512_set1_ps(zero), _mm512_set1_ps(levels));
         let bottom = _mm512_setzero_ps();
@@ -927,21 +1291,60 @@ mod vnni {
                 None => unsafe { _mm512_mask_cvtepi32_storeu_epi8(hi[at..].as_mut_ptr().cast(), mask, u) },
             }
         }
-        Some(quant)
+        quant
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+    /// Per panel and half (16 columns): per outlier, the 64 bytes of its depth quad, byte
+    /// `depth % 4` of each i32 lane shifted to the top and back (sign-extended), converted, and
+    /// one fused multiply-add by the outlier's value, in depth order as the portable code.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,fma")]
+    fn outlier_products(products: &OutlierProducts<'_>, out: &mut [f32]) {
+        let OutlierProducts {
+            panels,
+            quads,
+            outliers,
+        } = *products;
+        let panel_bytes = quads * 4 * NR_Q;
+        assert!(
+            out.len().is_multiple_of(NR_Q) && panels.len() >= out.len() / NR_Q * panel_bytes,
+            "outlier products past the panels"
+        );
+        assert!(
+            outliers.iter().all(|&(depth, _)| (depth as usize) < 4 * quads),
+            "outlier past the depth"
+        );
+        for (p, out) in out.chunks_exact_mut(NR_Q).enumerate() {
+            let panel = &panels[p * panel_bytes..(p + 1) * panel_bytes];
+            for half in 0..2 {
+                let mut acc = _mm512_setzero_ps();
+                for &(depth, v) in outliers {
+                    let depth = depth as usize;
+                    let at = (depth / 4) * 4 * NR_Q + 64 * half;
+                    // SAFETY: `at + 64 ≤ panel_bytes` (depth < 4·quads, checked above).
+                    let quad = unsafe { _mm512_loadu_si512(panel[at..].as_ptr().cast::<__m512i>()) };
+                    let up = _mm512_sll_epi32(quad, _mm_cvtsi32_si128(8 * (3 - (depth % 4) as i32)));
+                    let w = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(up));
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(v), w, acc);
+                }
+                // SAFETY: `out` holds 32 f32 of this panel: 16 from `16 · half`.
+                unsafe { _mm512_storeu_ps(out[16 * half..].as_mut_ptr(), acc) };
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,fma")]
     fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
         let width = dst.len();
         assert!(
             combine.hi.len() >= width
                 && combine.lo.is_none_or(|lo| lo.len() >= width)
+                && combine.outliers.is_none_or(|o| o.len() >= width)
                 && combine.corrections.len() >= width
                 && combine.scales.len() >= width
                 && combine.bias.is_none_or(|b| b.len() >= width),
             "combine inputs shorter than the row"
         );
-        let RowQuant { scale: sx, zero } = combine.quant;
+        let RowQuant { scale: sx, zero, .. } = combine.quant;
         let sx = _mm256_set1_ps(sx);
         let zero = _mm512_set1_epi64(zero);
         let body = width - width % 8;
@@ -959,6 +1362,10 @@ mod vnni {
             // SAFETY: as in `load`, for 8 f32.
             let scales: __m256 = unsafe { _mm256_loadu_ps(combine.scales[c..].as_ptr()) };
             let mut out = _mm256_mul_ps(_mm512_cvtepi64_ps(acc), _mm256_mul_ps(sx, scales));
+            if let Some(exact) = combine.outliers {
+                // SAFETY: as above.
+                out = _mm256_fmadd_ps(unsafe { _mm256_loadu_ps(exact[c..].as_ptr()) }, scales, out);
+            }
             if let Some(bias) = combine.bias {
                 // SAFETY: as above.
                 out = _mm256_add_ps(out, unsafe { _mm256_loadu_ps(bias[c..].as_ptr()) });
@@ -1172,6 +1579,9 @@ mod tests {
         if Int8Kernel::Avx512Vnni.available() {
             variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U8), 0.02));
             variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U16), 0.01));
+            variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U8_OUTLIERS), 0.02));
+            variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U8Outliers(1)), 0.02));
+            variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U8Outliers(40)), 0.02));
         } else {
             eprintln!("this CPU has no AVX512-VNNI: its kernel is not tested here");
         }
@@ -1257,6 +1667,78 @@ mod tests {
         assert!(sixteen < eight / 1000.0, "u16 {sixteen} vs u8 {eight}");
     }
 
+    /// Outliers held apart are exact: a row of small values with a few huge ones is as close to the
+    /// float product with outliers as the same row without the huge values is with plain 8 bits,
+    /// far closer than plain 8 bits on the row with them; a row whose only nonzero values are
+    /// outliers is exact up to float rounding; the largest magnitudes are the ones held.
+    #[test]
+    fn outliers_held_apart_are_exact() {
+        if !Int8Kernel::Avx512Vnni.available() {
+            eprintln!("this CPU has no AVX512-VNNI: skipped");
+            return;
+        }
+        let (m, k, n) = (5, 300, 70);
+        let w: Vec<f32> = values(k * n, 12)
+            .iter()
+            .map(|v| (v.clamp(-1.0, 1.0) * 127.0).round() / 127.0)
+            .collect();
+        let mut w = w;
+        w[..n].fill(1.0);
+        let small: Vec<f32> = values(m * k, 13).iter().map(|v| v.clamp(-1.0, 1.0)).collect();
+        let mut spiky = small.clone();
+        for r in 0..m {
+            spiky[r * k + 17 * r + 3] = 300.0;
+            spiky[r * k + 11 * r + 200] = -450.0;
+        }
+        let error = |x: &[f32], bits| {
+            let got = quantized(&w, k, n, None, Int8Kernel::Avx512Vnni, Some(bits)).matmul(x, m);
+            let want = reference(x, &w, m, k, n, None);
+            got.iter()
+                .zip(&want)
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum::<f64>()
+        };
+        let plain_small = error(&small, Int8Activations::U8);
+        let held_spiky = error(&spiky, Int8Activations::U8Outliers(2));
+        let plain_spiky = error(&spiky, Int8Activations::U8);
+        assert!(
+            held_spiky < 2.0 * plain_small + 1e-6,
+            "held {held_spiky} vs {plain_small}"
+        );
+        assert!(
+            held_spiky * 100.0 < plain_spiky,
+            "held {held_spiky} vs plain {plain_spiky}"
+        );
+        // Only outliers (and zeros): the products are the float products.
+        let mut sparse = vec![0f32; m * k];
+        sparse[5] = 2.5;
+        sparse[k + 9] = -1.25;
+        let got = quantized(
+            &w,
+            k,
+            n,
+            None,
+            Int8Kernel::Avx512Vnni,
+            Some(Int8Activations::U8Outliers(1)),
+        )
+        .matmul(&sparse, m);
+        let want = reference(&sparse, &w, m, k, n, None);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        // The held values are the largest magnitudes, ties kept inside.
+        let row = [0.5, -8.0, 0.25, 8.0, 3.0, -3.0, 0.0, 1.0];
+        let mut bytes = vec![0u8; 8];
+        let mut held = vec![(0, 0f32); 3];
+        let quant = quantize_row_with_outliers(&Portable, &row, 255.0, &mut bytes, &mut held, &mut Vec::new())
+            .expect("finite row");
+        // The 4th largest magnitude is 3: ±8 leave, ±3 tie with it and stay.
+        assert_eq!(quant.outliers, 2);
+        assert_eq!(held[..2], [(1, -8.0), (3, 8.0)]);
+        assert_eq!((bytes[1], bytes[3]), (quant.zero as u8, quant.zero as u8));
+        assert!((quant.scale - 6.0 / 255.0).abs() < 1e-7);
+    }
+
     /// Each SIMD kernel's i32 sums equal the portable code's on the same layout, so the outputs
     /// are identical.
     #[test]
@@ -1319,6 +1801,27 @@ mod tests {
                     assert_eq!((hi, lo), (hi2, lo2), "{bits:?} {} values", row.len());
                 }
             }
+            // With outliers: the AVX-512 levels inside the clipped range, the same bytes and outliers.
+            rows.push(vec![0.0, 0.0, 7.0, 0.0, -9.0]);
+            rows.push(vec![3.0; 20]);
+            for apart in [1, 4, 40] {
+                for row in &rows {
+                    let quads = row.len().div_ceil(4) * 4;
+                    let (mut bytes, mut bytes2) = (vec![0u8; quads], vec![0u8; quads]);
+                    let (mut held, mut held2) = (vec![(0, 0f32); apart], vec![(0, 0f32); apart]);
+                    let mut scratch = Vec::new();
+                    let portable =
+                        quantize_row_with_outliers(&Portable, row, 255.0, &mut bytes, &mut held, &mut scratch);
+                    let simd_found =
+                        quantize_row_with_outliers(&simd, row, 255.0, &mut bytes2, &mut held2, &mut scratch);
+                    let key = |q: Option<RowQuant>| q.map(|q| (q.scale.to_bits(), q.zero, q.outliers));
+                    assert_eq!(key(portable), key(simd_found), "{apart} apart, {} values", row.len());
+                    assert_eq!(bytes, bytes2, "{apart} apart, {} values", row.len());
+                    let count = portable.map_or(0, |q| q.outliers as usize);
+                    assert_eq!(held[..count], held2[..count]);
+                    assert!(count <= apart.min(row.len() - 1));
+                }
+            }
         }
     }
 
@@ -1355,7 +1858,18 @@ mod tests {
         assert_ne!(Int8Kernel::for_family(CpuKernels::Avx2), Int8Kernel::Avx512Vnni);
         assert!(Int8Kernel::detect().available());
         assert_eq!(Int8Activations::parse(" U16 "), Ok(Int8Activations::U16));
-        assert!(Int8Activations::parse("u4").is_err());
+        assert_eq!(Int8Activations::parse("u8o"), Ok(Int8Activations::U8_OUTLIERS));
+        assert_eq!(Int8Activations::parse("u8o:12"), Ok(Int8Activations::U8Outliers(12)));
+        for bits in [
+            Int8Activations::U8,
+            Int8Activations::U16,
+            Int8Activations::U8Outliers(7),
+        ] {
+            assert_eq!(Int8Activations::parse(&bits.to_string()), Ok(bits));
+        }
+        for bad in ["u4", "u8o:0", "u8o:257", "u8o:x", "u8o:"] {
+            assert!(Int8Activations::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

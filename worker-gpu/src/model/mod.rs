@@ -196,7 +196,8 @@ impl LayaModel {
     }
 
     /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
-    /// are always ~14-bit): 8 bits, or 16 bits as two u8 planes.
+    /// are always ~14-bit): 8 bits (with or without outliers held apart), or 16 bits as two u8
+    /// planes.
     pub fn set_int8_activations(&mut self, bits: Int8Activations) {
         self.encoder.set_int8_activations(bits);
         self.head.set_int8_activations(bits);
