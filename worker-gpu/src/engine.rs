@@ -32,8 +32,8 @@ pub struct EngineOptions {
     /// the CPU lacks fails the load.
     pub cpu_kernels: Option<CpuKernels>,
     /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: the first of
-    /// `gate::DEFAULT_ACTIVATIONS` the load-time gate passes (16 bits, two u8 planes: what
-    /// upstream's golden rows need; `gate::quantize_behind_gate`).
+    /// `gate::DEFAULT_ACTIVATIONS` the load-time gate passes (8 bits where the gate's rows keep
+    /// a third of its bound, else 16 bits as two u8 planes; `gate::quantize_behind_gate`).
     pub int8_activations: Option<Int8Activations>,
     /// Most rows in one forward.
     pub max_rows: u32,

@@ -100,12 +100,12 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, Stri
 /// [`DEFAULT_ACTIVATIONS`] in turn until one passes (a refusal logged and named in the report's
 /// executor). The report's executor names the kernel and activations that ran.
 ///
-/// 8-bit activations are not a default, with or without outliers held apart: they pass this gate's
-/// 8 rows on some fixture checkpoints but not upstream's 169 golden rows (plain u8: max |Δp| 0.050;
-/// `u8o:4`: 0.025; `u8o:16`, 16 of 128 values per row held apart: 0.029; 16 bits: 0.017; `u8o:32`
-/// keeps them but costs what 16 bits cost; docs/benchmarks.md), so the gate's rows alone do not show
-/// that 8 bits are safe to serve. They run when asked for (`int8_activations`), still behind this
-/// gate.
+/// 8-bit activations pass this gate's 8 rows on some fixture checkpoints but not upstream's 169
+/// golden rows (plain u8: max |Δp| 0.050; `u8o:4`: 0.025; `u8o:16`, 16 of 128 values per row held
+/// apart: 0.029; 16 bits: 0.017; `u8o:32` keeps them but costs what 16 bits cost;
+/// docs/benchmarks.md), so the gate's plain rule alone does not show that 8 bits are safe to serve:
+/// by default they must stay within a third of it ([`FALLBACK_MARGIN`]), else 16 bits are served.
+/// Asked for alone (`int8_activations`), a choice runs behind the plain rule.
 pub fn quantize_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
@@ -120,8 +120,9 @@ pub fn quantize_behind_gate(
 }
 
 /// [`quantize_behind_gate`] trying the VNNI kernel's `choices` in turn: the first the gate passes
-/// is served, a refused one is logged and named in the executor of the report that passes; the
-/// last one's refusal refuses the checkpoint. The AVX2 and portable kernels' activations are fixed
+/// is served (every choice but the last within [`FALLBACK_MARGIN`] of the bound), a refused one is
+/// logged and named in the executor of the report that passes; the last one's refusal refuses the
+/// checkpoint. The AVX2 and portable kernels' activations are fixed
 /// (i16): they run once, whatever `choices` holds.
 pub fn quantize_behind_gate_trying(
     name: &str,
@@ -156,12 +157,26 @@ pub fn quantize_behind_gate_trying(
         let kernel = model.int8_kernel().unwrap_or_default();
         let after = refused.map_or(String::new(), |r| format!(", after {r} failed the gate"));
         let executor = format!("candle cpu int8 {kernel}{after} (reference: candle cpu f32)");
-        match judge(name, checkpoint, Precision::Int8, executor, &batches, &reference, &ours) {
-            Err(error) if i + 1 < choices.len() => {
+        // A choice with another after it must keep the margin; the last one, the plain rule.
+        let fallback = choices.get(i + 1);
+        let tolerance = match fallback {
+            Some(_) => parity::TOLERANCE / FALLBACK_MARGIN,
+            None => parity::TOLERANCE,
+        };
+        match judge(
+            name,
+            checkpoint,
+            (Precision::Int8, tolerance),
+            executor,
+            &batches,
+            &reference,
+            &ours,
+        ) {
+            Err(error) if fallback.is_some() => {
                 tracing::warn!(
                     checkpoint = name,
                     refused = %choice,
-                    next = %choices[i + 1],
+                    next = ?fallback,
                     %error,
                     "int8 gate: activations refused, trying the next"
                 );
@@ -175,7 +190,7 @@ pub fn quantize_behind_gate_trying(
     judge(
         name,
         checkpoint,
-        Precision::Int8,
+        (Precision::Int8, parity::TOLERANCE),
         format!("candle cpu int8 {kernel} (reference: candle cpu f32)"),
         &batches,
         &reference,
@@ -183,10 +198,18 @@ pub fn quantize_behind_gate_trying(
     )
 }
 
-/// The VNNI kernel's activations when none are configured, in the order the gate tries them: a
-/// cheaper choice goes before 16 bits once it keeps upstream's golden rows with a margin (none does
-/// yet: see [`quantize_behind_gate`]).
-pub const DEFAULT_ACTIVATIONS: [Int8Activations; 1] = [Int8Activations::U16];
+/// The VNNI kernel's activations when none are configured, in the order the gate tries them: one
+/// u8 plane (about 0.65 of 16 bits' CPU time) where the gate's rows show it well inside the bound,
+/// else 16 bits (two u8 planes).
+pub const DEFAULT_ACTIVATIONS: [Int8Activations; 2] = [Int8Activations::U8, Int8Activations::U16];
+
+/// How far inside [`parity::TOLERANCE`] a choice with a fallback after it must stay on the gate's
+/// rows: a third of it. The gate's 8 rows understate 8-bit activations' worst case: on the fixture
+/// checkpoints plain u8's worst |Δp| over upstream's 169 golden rows was 2.4× the gate's worst
+/// (0.050 against 0.021), 16 bits' 1.0× (0.0167 both; docs/benchmarks.md), so 8 bits are served
+/// only where the gate's worst row is under a third of the bound, which no fixture checkpoint's is
+/// (16 bits reach 0.007–0.017 there) and the full-size ModernBERT-large's is (u8: 0.0016 / 0.0055).
+pub const FALLBACK_MARGIN: f64 = 3.0;
 
 /// Runs the gate on `model` (loaded in float32 on the CPU, packed for AVX-512): the float32
 /// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel and the same rows
@@ -206,7 +229,7 @@ pub fn bf16_kernels_behind_gate(
     judge(
         name,
         checkpoint,
-        Precision::Bf16,
+        (Precision::Bf16, parity::TOLERANCE),
         "candle cpu bf16 avx512-bf16 (reference: candle cpu f32)".to_owned(),
         &batches,
         &reference,
@@ -238,7 +261,7 @@ pub fn half_precision_behind_gate(
     judge(
         name,
         checkpoint,
-        precision,
+        (precision, parity::TOLERANCE),
         format!("candle {device_label} {precision} (reference: candle cpu f32)"),
         &batches,
         &reference,
@@ -276,7 +299,7 @@ fn run(
 fn judge(
     name: &str,
     checkpoint: &Checkpoint,
-    precision: Precision,
+    (precision, tolerance): (Precision, f64),
     executor: String,
     batches: &[Vec<EngineRow>],
     reference: &[EngineOutput],
@@ -291,17 +314,17 @@ fn judge(
             &parity::compare(got, &want.logits, &want.act_probabilities, temperature),
         );
     }
-    summary_to_report(name, precision, executor, &summary)
+    summary_to_report(name, (precision, tolerance), executor, &summary)
 }
 
 /// The report of a gate that passed, or the refusal of one that failed.
 fn summary_to_report(
     name: &str,
-    precision: Precision,
+    (precision, tolerance): (Precision, f64),
     executor: String,
     summary: &GateSummary,
 ) -> Result<ParityReport, LoadError> {
-    if let Some(reason) = summary.failure() {
+    if let Some(reason) = summary.failure_within(tolerance) {
         return Err(LoadError::ParityGate {
             name: name.to_owned(),
             precision: precision.as_str().to_owned(),
@@ -314,7 +337,7 @@ fn summary_to_report(
         executor,
         rows: summary.rows,
         skipped_rows: 0,
-        tolerance: parity::TOLERANCE,
+        tolerance,
         max_probability_diff: summary.max_probability_diff,
         max_act_probability_diff: summary.max_act_probability_diff,
         hard_mismatches: 0,
@@ -346,16 +369,26 @@ mod tests {
         for (index, comparison) in [row(0, 0.004), row(1, 0.031)] {
             summary.add(index, &comparison);
         }
-        let error = summary_to_report("english", Precision::Bf16, "candle cuda:0 bf16".into(), &summary)
-            .expect_err("0.031 > 0.02");
+        let error = summary_to_report(
+            "english",
+            (Precision::Bf16, parity::TOLERANCE),
+            "candle cuda:0 bf16".into(),
+            &summary,
+        )
+        .expect_err("0.031 > 0.02");
         let message = error.to_string();
         assert!(message.contains("refused in bf16"), "{message}");
         assert!(message.contains("probability differs by 0.03100"), "{message}");
 
         let mut passing = GateSummary::default();
         passing.add(0, &row(0, 0.004).1);
-        let report =
-            summary_to_report("english", Precision::F16, "candle cuda:0 f16".into(), &passing).expect("0.004 passes");
+        let report = summary_to_report(
+            "english",
+            (Precision::F16, parity::TOLERANCE),
+            "candle cuda:0 f16".into(),
+            &passing,
+        )
+        .expect("0.004 passes");
         assert_eq!((report.rows, report.executor.as_str()), (1, "candle cuda:0 f16"));
         assert!((report.max_probability_diff - 0.004).abs() < 1e-12);
     }

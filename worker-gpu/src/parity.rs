@@ -124,6 +124,12 @@ impl GateSummary {
 
     /// Why the gate fails, or `None` when it passes.
     pub fn failure(&self) -> Option<String> {
+        self.failure_within(TOLERANCE)
+    }
+
+    /// [`Self::failure`] with probabilities and act probabilities held within `tolerance` instead
+    /// of [`TOLERANCE`] (a stricter bound for a choice that has a safer one to fall back on).
+    pub fn failure_within(&self, tolerance: f64) -> Option<String> {
         let mut problems = Vec::new();
         if self.rows == 0 {
             problems.push("no reference row fits the buckets".to_owned());
@@ -131,15 +137,15 @@ impl GateSummary {
         if !self.non_finite.is_empty() {
             problems.push(format!("non-finite or misshapen outputs on rows {:?}", self.non_finite));
         }
-        if self.max_probability_diff > TOLERANCE {
+        if self.max_probability_diff > tolerance {
             problems.push(format!(
-                "probability differs by {:.5} (> {TOLERANCE})",
+                "probability differs by {:.5} (> {tolerance:.5})",
                 self.max_probability_diff
             ));
         }
-        if self.max_act_probability_diff > TOLERANCE {
+        if self.max_act_probability_diff > tolerance {
             problems.push(format!(
-                "act probability differs by {:.5} (> {TOLERANCE})",
+                "act probability differs by {:.5} (> {tolerance:.5})",
                 self.max_act_probability_diff
             ));
         }
@@ -163,6 +169,26 @@ mod tests {
             logits,
             act_probabilities: act,
         }
+    }
+
+    #[test]
+    fn a_stricter_tolerance_refuses_what_the_plain_rule_passes() {
+        let mut summary = GateSummary::default();
+        let row = RowComparison {
+            probability_diff: 0.009,
+            act_diff: 0.001,
+            flipped: false,
+            upstream_margin: 0.5,
+            finite: true,
+        };
+        summary.add(0, &row);
+        assert_eq!(summary.failure(), None);
+        let stricter = summary.failure_within(TOLERANCE / 3.0).unwrap_or_default();
+        assert!(
+            stricter.contains("probability differs by 0.00900 (> 0.00667)"),
+            "{stricter}"
+        );
+        assert_eq!(summary.failure_within(0.01), None);
     }
 
     #[test]

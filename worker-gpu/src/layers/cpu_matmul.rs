@@ -133,13 +133,16 @@ impl PackedWeight {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
-        panels.par_chunks_mut((k * nr).max(1)).enumerate().for_each(|(p, panel)| {
-            let width = nr.min(n - p * nr);
-            for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
-                let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
-                dst[..width].copy_from_slice(src);
-            }
-        });
+        panels
+            .par_chunks_mut((k * nr).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let width = nr.min(n - p * nr);
+                for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
+                    let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
+                    dst[..width].copy_from_slice(src);
+                }
+            });
         Self {
             kernels,
             k,
@@ -164,21 +167,24 @@ impl PackedWeight {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
-        panels.par_chunks_mut((k * nr).max(1)).enumerate().for_each(|(p, panel)| {
-            for c in 0..nr.min(n - p * nr) {
-                let col = p * nr + c;
-                let row = &weight[col * k..(col + 1) * k];
-                let factor = match scale {
-                    Some((start, len, factor)) if (start..start + len).contains(&col) => Some(factor as f32),
-                    _ => None,
-                };
-                let column = panel.iter_mut().skip(c).step_by(nr);
-                match factor {
-                    Some(factor) => column.zip(row).for_each(|(dst, &v)| *dst = v * factor),
-                    None => column.zip(row).for_each(|(dst, &v)| *dst = v),
+        panels
+            .par_chunks_mut((k * nr).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..nr.min(n - p * nr) {
+                    let col = p * nr + c;
+                    let row = &weight[col * k..(col + 1) * k];
+                    let factor = match scale {
+                        Some((start, len, factor)) if (start..start + len).contains(&col) => Some(factor as f32),
+                        _ => None,
+                    };
+                    let column = panel.iter_mut().skip(c).step_by(nr);
+                    match factor {
+                        Some(factor) => column.zip(row).for_each(|(dst, &v)| *dst = v * factor),
+                        None => column.zip(row).for_each(|(dst, &v)| *dst = v),
+                    }
                 }
-            }
-        });
+            });
         Self {
             kernels,
             k,
@@ -289,7 +295,7 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
     }
 }
 
-/// A product `[m, n]` computed in parallel column blocks (f32 and bf16): `block(first, count, out)`
+/// A product `[m, n]` computed in parallel column blocks (f32, bf16, int8): `block(first, count, out)`
 /// fills panels `first .. first + count` of `nr` columns into `out` (`[m, count·nr]`), storing every
 /// value (its first depth pass does not accumulate); the blocks are then copied into place, rows in
 /// parallel, with `bias` added. An empty depth (`k = 0`) is the caller's: no pass would store.

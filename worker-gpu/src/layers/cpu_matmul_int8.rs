@@ -36,7 +36,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, panels_per_task};
+use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, in_column_blocks};
 
 /// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -388,29 +388,23 @@ impl QuantizedWeight {
                 (NR_Q, activations.planes(), Packed::Quads(packed), quants, outliers)
             }
         };
-        let panels = n.div_ceil(nr);
-        let per_task = panels_per_task(panels);
-        let blocks: Vec<(usize, Vec<f32>)> = (0..panels)
-            .step_by(per_task)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|first| {
-                let count = per_task.min(panels - first);
-                let stride = count * nr;
-                with_sums(m * planes * stride, |sums| {
-                    match &packed_x {
-                        Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
-                        Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
-                    }
-                    self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable)
-                })
-            })
-            .collect();
-        gather_blocks(&blocks, m, n, nr)
+        // The combine adds the bias.
+        in_column_blocks(m, n, nr, None, |first, count, out| {
+            let stride = count * nr;
+            with_sums(m * planes * stride, |sums| {
+                match &packed_x {
+                    Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
+                    Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
+                }
+                self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
+            });
+        })
     }
 
-    /// The float outputs `[m, width]` of the column block from panel `first` on, from its integer
-    /// sums (`planes` rows of `stride` sums per row of `x`) and each row's outliers.
+    /// The float outputs of the column block from panel `first` on into `out` (`m` rows `stride`
+    /// apart, the block's columns first in each), from its integer sums (`planes` rows of `stride`
+    /// sums per row of `x`) and each row's outliers.
+    #[allow(clippy::too_many_arguments)] // one block's inputs, as its caller holds them
     fn combine_block(
         &self,
         sums: &[i32],
@@ -419,7 +413,8 @@ impl QuantizedWeight {
         first: usize,
         (quants, outliers): (&[RowQuant], &RowOutliers),
         portable: bool,
-    ) -> (usize, Vec<f32>) {
+        out: &mut [f32],
+    ) {
         let (column_sums, nr, quads, panels): (&[i32], usize, usize, &[i8]) = match &self.panels {
             Panels::Quads {
                 column_sums,
@@ -430,7 +425,6 @@ impl QuantizedWeight {
             Panels::Pairs { .. } => (&[], NR, 0, &[]),
         };
         let width = stride.min(self.n - first * nr);
-        let mut block = vec![0f32; m * width];
         let columns = first * nr..first * nr + width;
         let scales = &self.column_scales[columns.clone()];
         let corrections = if column_sums.is_empty() {
@@ -454,7 +448,8 @@ impl QuantizedWeight {
             Vec::new()
         };
         let block_panels = &panels[(first * quads * 4 * NR_Q).min(panels.len())..];
-        for (row, dst) in block.chunks_exact_mut(width).enumerate() {
+        for (row, dst) in out.chunks_mut(stride).take(m).enumerate() {
+            let dst = &mut dst[..width];
             let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
             let quant = quants[row];
             let held = outliers.row(row, quant.outliers);
@@ -491,7 +486,6 @@ impl QuantizedWeight {
             }
             combine.scalar(dst);
         }
-        (first, block)
     }
 
     /// Pair layout: each row of `x` to `levels`-level integers, packed as row tiles of `MR`: tile
@@ -730,21 +724,6 @@ fn with_sums<R>(len: usize, work: impl FnOnce(&mut [i32]) -> R) -> R {
         }
         Err(_) => work(&mut vec![0; len]),
     })
-}
-
-/// The row-major `[m, n]` product from column blocks `(first panel, [m, width])` of `nr`-wide
-/// panels, in panel order and covering every column: appended row by row, so the output is never
-/// cleared first (f32, int8 and bf16 products).
-fn gather_blocks(blocks: &[(usize, Vec<f32>)], m: usize, n: usize, nr: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(m * n);
-    for row in 0..m {
-        for (first, block) in blocks {
-            let width = block.len() / m;
-            debug_assert_eq!(out.len() % n, first * nr, "column blocks out of order");
-            out.extend_from_slice(&block[row * width..(row + 1) * width]);
-        }
-    }
-    out
 }
 
 /// `v` rounded to the nearest integer (ties to even) for |v| < 2²², by adding and subtracting
