@@ -7,6 +7,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -65,9 +66,16 @@ pub fn bin_dir() -> &'static Path {
 /// Everything `child` writes to its piped stderr, collected by a thread as it arrives (a worker that
 /// fails to start says why there).
 pub fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    capture_stderr_to_end(child).0
+}
+
+/// [`capture_stderr`], with a flag set once the pipe is at its end: a process's last lines may
+/// still be on their way to the text after it has exited.
+pub fn capture_stderr_to_end(child: &mut Child) -> (Arc<Mutex<String>>, Arc<AtomicBool>) {
     let text = Arc::new(Mutex::new(String::new()));
+    let ended = Arc::new(AtomicBool::new(false));
     if let Some(mut pipe) = child.stderr.take() {
-        let sink = Arc::clone(&text);
+        let (sink, done) = (Arc::clone(&text), Arc::clone(&ended));
         std::thread::spawn(move || {
             let mut buffer = [0u8; 4096];
             while let Ok(n) = std::io::Read::read(&mut pipe, &mut buffer) {
@@ -78,9 +86,12 @@ pub fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
                     .unwrap_or_else(|p| p.into_inner())
                     .push_str(&String::from_utf8_lossy(&buffer[..n]));
             }
+            done.store(true, Ordering::Release);
         });
+    } else {
+        ended.store(true, Ordering::Release);
     }
-    text
+    (text, ended)
 }
 
 /// A free loopback port (bound and released; good enough for tests on one machine).

@@ -6,10 +6,11 @@ mod common;
 
 use common::{Case, GoldenRow, golden_cases};
 
-use layad_system_tests::capture_stderr;
+use layad_system_tests::capture_stderr_to_end;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,8 @@ struct Worker {
     child: Child,
     socket: PathBuf,
     stderr: Arc<Mutex<String>>,
+    /// Set once everything the worker wrote to stderr is in `stderr`.
+    stderr_ended: Arc<AtomicBool>,
     _dir: tempfile::TempDir,
 }
 
@@ -87,11 +90,12 @@ impl Worker {
 
     fn spawned(mut command: Command, socket: PathBuf, dir: tempfile::TempDir) -> Worker {
         let mut child = command.spawn().expect("spawn the worker");
-        let stderr = capture_stderr(&mut child);
+        let (stderr, stderr_ended) = capture_stderr_to_end(&mut child);
         Worker {
             child,
             socket,
             stderr,
+            stderr_ended,
             _dir: dir,
         }
     }
@@ -140,6 +144,11 @@ impl Worker {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Its last lines may still be on their way into the log, which a test reads next.
+                let read_by = Instant::now() + Duration::from_secs(5);
+                while !self.stderr_ended.load(Ordering::Acquire) && Instant::now() < read_by {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 return status;
             }
             assert!(
