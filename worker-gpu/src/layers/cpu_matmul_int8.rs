@@ -9,7 +9,9 @@
 //!   quantized per row *asymmetrically* to u8 (256 levels between the row's minimum and maximum,
 //!   zero included), and `zero_point · Σ_d w(d, c)` (a column sum computed at load) is subtracted
 //!   from each sum: `Σ (u − z)·w = Σ u·w − z·Σ w`. Plain 8 bits did not keep upstream's golden
-//!   rows within the parity gate (`gate.rs`). Also ([`Int8Activations`]):
+//!   rows within the parity gate (`gate.rs`) on the fixture checkpoints, so by default the gate
+//!   serves one u8 plane only where its rows stay within a third of its bound, else u16 (below).
+//!   Also ([`Int8Activations`]):
 //!   - **u8 with outliers** (`u8o:N`): the N largest-magnitude values of each row are held apart
 //!     (selected in O(k)), the row is quantized to u8 over the range of the others, the outliers'
 //!     bytes set to the zero point's level (exactly 0), and their products added exactly in f32
@@ -18,9 +20,9 @@
 //!     `N·n/16` vector operations per row against the dense product's `k·n/64`. Closer than plain
 //!     u8 but still not within the gate on upstream's golden rows (measured in
 //!     docs/benchmarks.md): opt-in, behind the gate.
-//!   - **u16** (the default): 16 bits split into a high and a low u8 plane, each run as its own
-//!     row through the same kernel (`256·Σ hi·w + Σ lo·w`): twice the dot products, still half the
-//!     instructions per product of the AVX2 kernel below.
+//!   - **u16** (the default where u8 misses the gate's margin): 16 bits split into a high and a
+//!     low u8 plane, each run as its own row through the same kernel (`256·Σ hi·w + Σ lo·w`):
+//!     twice the dot products, still half the instructions per product of the AVX2 kernel below.
 //! - **AVX2** (`vpmaddwd`, i16 × i16 pairs summed into i32): weights held as i16 in panels of 16
 //!   columns; activations symmetric per row to as many levels as an i32 sum over the depth holds
 //!   (`127 · levels · k < 2³¹`: about 14 bits at k = 1024). Without VNNI, `vpmaddubsw` (u8 × s8)
