@@ -392,6 +392,28 @@ fn activation_choices_are_measured_against_the_goldens() {
     }
 }
 
+/// The fixture checkpoint called `name`, opened.
+fn fixture(name: &str) -> (&'static str, Checkpoint) {
+    let found = CheckpointName::ALL
+        .iter()
+        .copied()
+        .find(|n| n.as_str() == name)
+        .expect("fixture");
+    (found.as_str(), Checkpoint::open(location(found)).expect("open"))
+}
+
+/// `checkpoint` loaded in f32 on the CPU, packed for the AVX-512 kernels (the gate's starting point).
+fn load_avx512(name: &str, checkpoint: &Checkpoint) -> LayaModel {
+    LayaModel::load_with_kernels(
+        name,
+        checkpoint,
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+        CpuKernels::Avx512,
+    )
+    .expect("load")
+}
+
 /// By default 8 bits must keep a third of the gate's bound: on `english`, u8 alone passes the plain
 /// rule on the gate's 8 rows (yet misses upstream's goldens by 2.5×, above), so the default list
 /// serves 16 bits after it, under the plain rule, and says so.
@@ -401,33 +423,18 @@ fn the_default_serves_eight_bits_only_within_the_margin() {
         eprintln!("this CPU has no AVX512-VNNI: skipped");
         return;
     }
-    let name = CheckpointName::ALL
-        .iter()
-        .copied()
-        .find(|n| n.as_str() == "english")
-        .expect("fixture");
-    let checkpoint = Checkpoint::open(location(name)).expect("open");
-    let model = || {
-        LayaModel::load_with_kernels(
-            name.as_str(),
-            &checkpoint,
-            &candle_core::Device::Cpu,
-            candle_core::DType::F32,
-            CpuKernels::Avx512,
-        )
-        .expect("load")
-    };
-    let alone =
-        worker_gpu::gate::quantize_behind_gate_trying(name.as_str(), &checkpoint, &mut model(), &[Int8Activations::U8])
-            .expect("u8 alone passes the plain rule on english");
+    let (name, checkpoint) = fixture("english");
+    let model = || load_avx512(name, &checkpoint);
+    let alone = worker_gpu::gate::quantize_behind_gate_trying(name, &checkpoint, &mut model(), &[Int8Activations::U8])
+        .expect("u8 alone passes the plain rule on english");
     let margin = worker_gpu::parity::TOLERANCE / worker_gpu::gate::FALLBACK_MARGIN;
     assert!(
         alone.max_probability_diff.max(alone.max_act_probability_diff) > margin,
         "u8 within the margin on english: {alone:?}"
     );
     let mut default = model();
-    let report = worker_gpu::gate::quantize_behind_gate(name.as_str(), &checkpoint, &mut default, None)
-        .expect("the default passes");
+    let report =
+        worker_gpu::gate::quantize_behind_gate(name, &checkpoint, &mut default, None).expect("the default passes");
     assert!(
         report.executor.contains("u16 activations, after u8 failed the gate"),
         "{report:?}"
@@ -445,31 +452,13 @@ fn the_gate_falls_back_to_the_next_activation_choice() {
         eprintln!("this CPU has no AVX512-VNNI: skipped");
         return;
     }
-    let name = CheckpointName::ALL
-        .iter()
-        .copied()
-        .find(|n| n.as_str() == "typed-decisions")
-        .expect("fixture");
-    let checkpoint = Checkpoint::open(location(name)).expect("open");
-    let model = || {
-        LayaModel::load_with_kernels(
-            name.as_str(),
-            &checkpoint,
-            &candle_core::Device::Cpu,
-            candle_core::DType::F32,
-            CpuKernels::Avx512,
-        )
-        .expect("load")
-    };
+    let (name, checkpoint) = fixture("typed-decisions");
+    let model = || load_avx512(name, &checkpoint);
     let two = Int8Activations::U8Outliers(2);
     let mut fallback = model();
-    let report = worker_gpu::gate::quantize_behind_gate_trying(
-        name.as_str(),
-        &checkpoint,
-        &mut fallback,
-        &[two, Int8Activations::U16],
-    )
-    .expect("u16 passes after u8o:2");
+    let report =
+        worker_gpu::gate::quantize_behind_gate_trying(name, &checkpoint, &mut fallback, &[two, Int8Activations::U16])
+            .expect("u16 passes after u8o:2");
     assert!(
         report
             .executor
@@ -477,7 +466,7 @@ fn the_gate_falls_back_to_the_next_activation_choice() {
         "{report:?}"
     );
     assert_eq!(fallback.int8_activations(), Some(Int8Activations::U16));
-    let refused = worker_gpu::gate::quantize_behind_gate_trying(name.as_str(), &checkpoint, &mut model(), &[two])
+    let refused = worker_gpu::gate::quantize_behind_gate_trying(name, &checkpoint, &mut model(), &[two])
         .expect_err("u8o:2 alone is refused");
     assert!(refused.to_string().contains("typed-decisions"), "{refused}");
 }
@@ -490,14 +479,7 @@ fn ungated_int8_against_goldens(activations: Int8Activations) -> parity::GateSum
         .iter()
         .map(|&name| {
             let checkpoint = Checkpoint::open(location(name)).expect("open");
-            let mut model = LayaModel::load_with_kernels(
-                name.as_str(),
-                &checkpoint,
-                &candle_core::Device::Cpu,
-                candle_core::DType::F32,
-                CpuKernels::Avx512,
-            )
-            .expect("load");
+            let mut model = load_avx512(name.as_str(), &checkpoint);
             model.quantize_encoder().expect("quantize");
             model.set_int8_activations(activations);
             (name.as_str().to_owned(), model, checkpoint)

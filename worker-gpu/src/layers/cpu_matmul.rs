@@ -366,18 +366,29 @@ thread_local! {
 
 /// Runs `work` on a buffer of `len` f32 whose contents are unspecified (reused, or zero).
 fn with_blocks<R>(len: usize, work: impl FnOnce(&mut [f32]) -> R) -> R {
-    if len > REUSED_BLOCKS {
-        return work(&mut vec![0f32; len]);
+    with_reused(&BLOCKS, len, REUSED_BLOCKS, work)
+}
+
+/// Runs `work` on `len` values of the thread's `buffer` (grown as needed, contents unspecified: the
+/// callers store before they read), or on a fresh zeroed buffer past `limit` values or when this
+/// thread's buffer is already lent out (rayon may run a product inside another's while it waits).
+pub(crate) fn with_reused<T: Copy + Default + 'static, R>(
+    buffer: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    len: usize,
+    limit: usize,
+    work: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    if len > limit {
+        return work(&mut vec![T::default(); len]);
     }
-    BLOCKS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut blocks) => {
-            if blocks.len() < len {
-                blocks.resize(len, 0.0);
+    buffer.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut reused) => {
+            if reused.len() < len {
+                reused.resize(len, T::default());
             }
-            work(&mut blocks[..len])
+            work(&mut reused[..len])
         }
-        // A product inside another's block on this thread (rayon may run one while waiting).
-        Err(_) => work(&mut vec![0f32; len]),
+        Err(_) => work(&mut vec![T::default(); len]),
     })
 }
 

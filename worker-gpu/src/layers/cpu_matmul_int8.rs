@@ -38,7 +38,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, in_column_blocks};
+use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, in_column_blocks, with_reused};
 
 /// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -714,18 +714,7 @@ thread_local! {
 
 /// Runs `work` on a buffer of `len` i32 whose contents are unspecified (reused, or zero).
 fn with_sums<R>(len: usize, work: impl FnOnce(&mut [i32]) -> R) -> R {
-    if len > REUSED_SUMS {
-        return work(&mut vec![0; len]);
-    }
-    SUMS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut sums) => {
-            if sums.len() < len {
-                sums.resize(len, 0);
-            }
-            work(&mut sums[..len])
-        }
-        Err(_) => work(&mut vec![0; len]),
-    })
+    with_reused(&SUMS, len, REUSED_SUMS, work)
 }
 
 /// `v` rounded to the nearest integer (ties to even) for |v| < 2²², by adding and subtracting
