@@ -30,6 +30,11 @@ struct Args {
     /// Request pairs per shape (each pair: one request to each server, the order alternating).
     #[arg(long, default_value_t = 20)]
     pairs: usize,
+    /// Idle milliseconds before each timed request of the pairs, so the threads of the request
+    /// before (the other server's: ONNX Runtime's and rayon's pools spin a while after their work)
+    /// have stopped, as `layad-bench --gap-ms` does between engines.
+    #[arg(long, default_value_t = 300)]
+    gap_ms: u64,
     /// Shapes to time: short (1 question, ~64 tokens), long (1 question, max_len tokens), three
     /// (3 questions, ~174 tokens).
     #[arg(long, value_delimiter = ',', default_value = "short,long,three")]
@@ -590,6 +595,7 @@ async fn run(args: Args) -> Result<(), String> {
             let mut layad_ms = 0.0;
             let mut peer_ms = None;
             for turn in 0..2 {
+                tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
                 if (turn == 0) == layad_first {
                     let (ms, dev) = timed(layad.addr, &shape.body).await?;
                     layad_ms = ms;
