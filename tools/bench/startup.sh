@@ -18,7 +18,8 @@
 # Knobs (environment): WORKERS (target/release/layad-worker-gpu; several, space-separated; empty =
 # none), SERVE (a `layad` binary, or empty = no whole-server side), PYTHON
 # (/work/venvs/laya-0.4.15/bin/python), THREADS (2), DTYPE (f32), RUNS (3), OUT (target/bench/startup),
-# PORT (18931).
+# PORT (18931), COLD (1: drop the page cache before every start, so each side reads the weights
+# from disk; needs root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECKPOINT=$(realpath "${1:-target/bench/modernbert-large-v50368}")
@@ -30,6 +31,7 @@ DTYPE=${DTYPE:-f32}
 RUNS=${RUNS:-3}
 OUT=${OUT:-target/bench/startup}
 PORT=${PORT:-18931}
+COLD=${COLD:-0}
 mkdir -p "$OUT"
 grep -m1 "model name" /proc/cpuinfo
 grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512_vnni|avx512_bf16|amx_int8|amx_bf16)$' | tr '\n' ' '
@@ -131,6 +133,7 @@ for r in $(seq 1 "$RUNS"); do
         reversed=(); for ((j = ${#sides[@]} - 1; j >= 0; j--)); do reversed+=("${sides[j]}"); done; sides=("${reversed[@]}")
     fi
     for side in "${sides[@]}"; do
+        if [ "$COLD" = 1 ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
         if [ "$side" = upstream ]; then
             read -r health s < <(run_upstream "$OUT/upstream-$r.log")
             printf 'round %d laya-serve (%s) /health after %.2f s, first answer after %.2f s\n' \
