@@ -38,7 +38,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, in_column_blocks, with_reused};
+use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, bias_rows, in_column_blocks, with_reused};
 
 /// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -372,13 +372,9 @@ impl QuantizedWeight {
     /// [`Self::matmul`], with the portable tile instead of the SIMD one when `portable`.
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
         let n = self.n;
-        if m == 0 || n == 0 {
-            return vec![0f32; m * n];
-        }
-        if self.k == 0 {
+        if m == 0 || n == 0 || self.k == 0 {
             // No depth: every output is its bias (and no depth pass would store the sums).
-            let row = self.bias.clone().unwrap_or_else(|| vec![0f32; n]);
-            return row.repeat(m);
+            return bias_rows(self.bias.as_deref(), m, n);
         }
         let (nr, planes, packed_x, quants, outliers) = match &self.panels {
             Panels::Pairs { .. } => {

@@ -156,15 +156,8 @@ impl DecisionHead {
 
     /// How the quantized head matrices (VNNI layout) quantize their activation rows.
     pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
-        for layer in &mut self.layers {
-            for linear in [
-                &mut layer.in_proj,
-                &mut layer.out_proj,
-                &mut layer.linear1,
-                &mut layer.linear2,
-            ] {
-                linear.set_int8_activations(bits);
-            }
+        for linear in self.layer_matrices() {
+            linear.set_int8_activations(bits);
         }
     }
 

@@ -146,10 +146,8 @@ impl Encoder {
     /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
     pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
         self.kernels = kernels;
-        for layer in &mut self.layers {
-            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
-                linear.pack_for_cpu(kernels)?;
-            }
+        for linear in self.layer_matrices() {
+            linear.pack_for_cpu(kernels)?;
         }
         Ok(())
     }
@@ -163,31 +161,32 @@ impl Encoder {
     /// integer kernel that goes with the packed float family.
     pub(crate) fn quantize_for_cpu(&mut self) -> candle_core::Result<()> {
         let kernel = self.int8_kernel_choice();
-        for layer in &mut self.layers {
-            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
-                linear.quantize_for_cpu(kernel)?;
-            }
+        for linear in self.layer_matrices() {
+            linear.quantize_for_cpu(kernel)?;
         }
         Ok(())
     }
 
     /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel.
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
-        for layer in &mut self.layers {
-            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
-                linear.round_to_bf16_for_cpu()?;
-            }
+        for linear in self.layer_matrices() {
+            linear.round_to_bf16_for_cpu()?;
         }
         Ok(())
     }
 
     /// How the quantized matrices (VNNI layout) quantize their activation rows.
     pub(crate) fn set_int8_activations(&mut self, bits: Int8Activations) {
-        for layer in &mut self.layers {
-            for linear in [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo] {
-                linear.set_int8_activations(bits);
-            }
+        for linear in self.layer_matrices() {
+            linear.set_int8_activations(bits);
         }
+    }
+
+    /// Every layer's four matrices (Wqkv, attention Wo, MLP Wi, MLP Wo), layer by layer.
+    fn layer_matrices(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.layers
+            .iter_mut()
+            .flat_map(|layer| [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo])
     }
 
     /// The activations of the quantized matrices when they run the VNNI kernel.
