@@ -296,13 +296,19 @@ fn f16_stays_close_to_upstream() {
 /// applies at load against our float32 forward): calibrated probabilities and act probabilities
 /// within 0.02, no hard decision mismatch, all finite, on every golden row. Every integer kernel
 /// this CPU has: the default (AVX512-VNNI with 16-bit activations where the CPU has VNNI) and the
-/// AVX2 i16 kernel (`cpu_kernels = avx2`).
+/// one beside the AVX2 family (`cpu_kernels = avx2`): AVX-VNNI with 16-bit activations where the
+/// CPU has it, else the AVX2 i16 kernel.
 #[test]
 fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
     let vnni = cfg!(target_arch = "x86_64") && CpuKernels::Avx512.available() && has_vnni();
     let mut kernels = vec![(None, if vnni { "avx512-vnni u16 activations" } else { "" })];
     if CpuKernels::Avx2.available() {
-        kernels.push((Some(CpuKernels::Avx2), "avx2 i16 activations"));
+        let executor = if has_avx_vnni() {
+            "avx-vnni u16 activations"
+        } else {
+            "avx2 i16 activations"
+        };
+        kernels.push((Some(CpuKernels::Avx2), executor));
     }
     if !vnni {
         eprintln!("this CPU has no AVX512-VNNI: its int8 kernel is not tested here");
@@ -523,6 +529,16 @@ fn has_vnni() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn has_vnni() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx_vnni() -> bool {
     false
 }
 

@@ -641,7 +641,12 @@ pub(crate) mod tests {
             let direct = PackedWeight::pack_out_in(&out_in, k, n, None, kernels, Some((10, 10, 0.125)));
             assert_eq!(direct.panels, PackedWeight::pack(&scaled, k, n, None, kernels).panels);
             let x = values(3 * k, 5);
-            for int8 in [Int8Kernel::Avx512Vnni, Int8Kernel::Avx2, Int8Kernel::Scalar] {
+            for int8 in [
+                Int8Kernel::Avx512Vnni,
+                Int8Kernel::AvxVnni,
+                Int8Kernel::Avx2,
+                Int8Kernel::Scalar,
+            ] {
                 if !int8.available() {
                     continue;
                 }

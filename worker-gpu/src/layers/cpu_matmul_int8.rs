@@ -23,12 +23,18 @@
 //!   - **u16** (the default where u8 misses the gate's margin): 16 bits split into a high and a
 //!     low u8 plane, each run as its own row through the same kernel (`256·Σ hi·w + Σ lo·w`):
 //!     twice the dot products, still half the instructions per product of the AVX2 kernel below.
+//! - **AVX-VNNI** (the VEX-encoded `vpdpbusd` on 256-bit registers: Alder Lake and later Intel
+//!   cores, Zen 5): the same quad panels, activation planes and quantization as AVX512-VNNI, so the
+//!   same sums exactly, from four ymm accumulators per row of 32 columns, three rows per register
+//!   block. It is the integer kernel beside the AVX2 float family (`cpu_kernels = "avx2"`, which
+//!   keeps every kernel off 512-bit registers: its rows are quantized and combined by the portable
+//!   code), and beside AVX-512 on a CPU without AVX512-VNNI.
 //! - **AVX2** (`vpmaddwd`, i16 × i16 pairs summed into i32): weights held as i16 in panels of 16
 //!   columns; activations symmetric per row to as many levels as an i32 sum over the depth holds
 //!   (`127 · levels · k < 2³¹`: about 14 bits at k = 1024). Without VNNI, `vpmaddubsw` (u8 × s8)
 //!   needs a second `vpmaddwd` by ones to widen its saturating i16 pairs, so it does no fewer
 //!   multiply instructions and needs 7-bit activations to avoid saturation.
-//! - **Portable** integer code for other CPUs (and as the exact reference of both SIMD kernels in
+//! - **Portable** integer code for other CPUs (and as the exact reference of every SIMD kernel in
 //!   the tests: the SIMD sums equal the portable sums bit for bit).
 //!
 //! `y = (acc − z·colsum) · sx[row] · sw[col] (+ outliers · sw[col]) (+ bias)` in f32. Measured in
@@ -67,6 +73,10 @@ pub(crate) enum Int8Kernel {
     // Elsewhere only the tests name it (they skip it where the CPU lacks it).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512Vnni,
+    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, with AVX2 and FMA: Alder Lake and later Intel
+    /// cores, Zen 5): the same u8 × s8 quads and packed panels, four registers per 32 columns.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    AvxVnni,
     /// `_mm256_madd_epi16` through pulp's AVX2 token (x86-64 with AVX2 + FMA): i16 pairs.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
@@ -82,20 +92,21 @@ impl Int8Kernel {
         Self::for_family(CpuKernels::detect())
     }
 
-    /// The integer kernel that goes with a float32 kernel family: VNNI beside the AVX-512 family
-    /// when the CPU has it, the AVX2 pair kernel beside AVX-512 without VNNI and beside AVX2 (so
-    /// `cpu_kernels = "avx2"` also forces the AVX2 integer path), the portable code otherwise.
+    /// The integer kernel that goes with a float32 kernel family: the best this CPU has beside the
+    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel); beside AVX2 only
+    /// 256-bit code (AVX-VNNI where the CPU has it, else the pair kernel), so `cpu_kernels = "avx2"`
+    /// also keeps the integer path off AVX-512; the portable code otherwise.
     pub(crate) fn for_family(family: CpuKernels) -> Self {
-        let best = [Self::Avx512Vnni, Self::Avx2]
-            .into_iter()
-            .find(|k| k.available())
-            .unwrap_or(Self::Scalar);
-        match (family, best) {
-            (CpuKernels::Avx512, best) => best,
-            (CpuKernels::Avx2, Self::Avx512Vnni | Self::Avx2) => Self::Avx2,
-            (CpuKernels::Gemm, best) => best,
-            _ => Self::Scalar,
+        let first = |kernels: &[Self]| kernels.iter().copied().find(|k| k.available()).unwrap_or(Self::Scalar);
+        match family {
+            CpuKernels::Avx512 | CpuKernels::Gemm => first(&[Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]),
+            CpuKernels::Avx2 => first(&[Self::AvxVnni, Self::Avx2]),
         }
+    }
+
+    /// Whether the kernel runs the u8 × s8 quad layout (else the i16 pair layout).
+    fn quads(self) -> bool {
+        matches!(self, Self::Avx512Vnni | Self::AvxVnni)
     }
 
     /// Whether this CPU runs the kernel.
@@ -104,9 +115,11 @@ impl Int8Kernel {
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => vnni::Vnni::try_new().is_some(),
             #[cfg(target_arch = "x86_64")]
+            Self::AvxVnni => avx_vnni::AvxVnni::try_new().is_some(),
+            #[cfg(target_arch = "x86_64")]
             Self::Avx2 => pulp::x86::V3::try_new().is_some(),
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx512Vnni | Self::Avx2 => false,
+            Self::Avx512Vnni | Self::AvxVnni | Self::Avx2 => false,
             Self::Scalar => true,
         }
     }
@@ -115,6 +128,7 @@ impl Int8Kernel {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Avx512Vnni => "avx512-vnni",
+            Self::AvxVnni => "avx-vnni",
             Self::Avx2 => "avx2",
             Self::Scalar => "portable",
         }
@@ -268,11 +282,14 @@ impl QuantizedWeight {
         // 8-bit planes times 8-bit weights stay inside i32 up to this depth (255 · 127 · k < 2³¹);
         // deeper weights (none in Laya's models: k ≤ 4096) take the pair layout.
         let kernel = match kernel {
-            Int8Kernel::Avx512Vnni if k > MAX_QUAD_DEPTH => Int8Kernel::for_family(CpuKernels::Avx2),
+            kernel if kernel.quads() && k > MAX_QUAD_DEPTH => [Int8Kernel::Avx2]
+                .into_iter()
+                .find(|k| k.available())
+                .unwrap_or(Int8Kernel::Scalar),
             kernel => kernel,
         };
         let panels = match kernel {
-            Int8Kernel::Avx512Vnni => {
+            Int8Kernel::Avx512Vnni | Int8Kernel::AvxVnni => {
                 let quads = k.div_ceil(4);
                 let count = n.div_ceil(NR_Q);
                 let mut panels = vec![0i8; count * quads * 4 * NR_Q];
@@ -432,11 +449,7 @@ impl QuantizedWeight {
         };
         let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
         #[cfg(target_arch = "x86_64")]
-        let simd = if portable || corrections.is_empty() {
-            None
-        } else {
-            vnni::Vnni::try_new()
-        };
+        let (simd, simd256) = (self.avx512_rows(portable), self.avx2_rows(portable));
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         // The outliers' exact products for one row, `stride` columns (zero weights past `n`).
@@ -478,10 +491,12 @@ impl QuantizedWeight {
                 outliers: outlier_products,
             };
             #[cfg(target_arch = "x86_64")]
-            if let Some(simd) = simd {
-                simd.combine(combine, dst);
-                continue;
+            match (simd, simd256) {
+                (Some(simd), _) => simd.combine(combine, dst),
+                (None, Some(simd)) => simd.combine(combine, dst),
+                (None, None) => combine.scalar(dst),
             }
+            #[cfg(not(target_arch = "x86_64"))]
             combine.scalar(dst);
         }
     }
@@ -563,7 +578,7 @@ impl QuantizedWeight {
             held: vec![(0, 0.0); tiles * rows_per_tile * per_row.max(1)],
         };
         #[cfg(target_arch = "x86_64")]
-        let simd = if portable { None } else { vnni::Vnni::try_new() };
+        let (simd, simd256) = (self.avx512_rows(portable), self.avx2_rows(portable));
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         packed
@@ -577,9 +592,10 @@ impl QuantizedWeight {
                 let mut bytes = vec![0u8; planes * quads * 4];
                 let mut magnitudes = Vec::new();
                 #[cfg(target_arch = "x86_64")]
-                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
-                    Some(simd) => simd.quantize_row(row, levels, hi, lo),
-                    None => quantize_row(row, levels, hi, lo),
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match (simd, simd256) {
+                    (Some(simd), _) => simd.quantize_row(row, levels, hi, lo),
+                    (None, Some(simd)) => simd.quantize_row(row, levels, hi, lo),
+                    (None, None) => quantize_row(row, levels, hi, lo),
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
@@ -657,8 +673,29 @@ impl QuantizedWeight {
         }
     }
 
+    /// The AVX-512 code for the rows of a quad-layout product (quantizing activations, outliers,
+    /// combining sums): beside the AVX512-VNNI kernel only, so the AVX-VNNI kernel (chosen beside
+    /// the AVX2 family) runs no 512-bit code.
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_rows(&self, portable: bool) -> Option<vnni::Vnni> {
+        if portable || self.kernel != Int8Kernel::Avx512Vnni {
+            return None;
+        }
+        vnni::Vnni::try_new()
+    }
+
+    /// The AVX2 code for the rows beside the AVX-VNNI kernel: quantizing rows without outliers and
+    /// combining sums (outliers take the portable code there).
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_rows(&self, portable: bool) -> Option<avx_vnni::AvxVnni> {
+        if portable || self.kernel != Int8Kernel::AvxVnni {
+            return None;
+        }
+        avx_vnni::AvxVnni::try_new()
+    }
+
     /// Quad layout: panels `first .. first + count` for every plane row (`rows` of them) into
-    /// `sums` (`[rows, count·NR_Q]`). The VNNI check is made once per block.
+    /// `sums` (`[rows, count·NR_Q]`). The CPU check is made once per block.
     fn block_quads(&self, packed_x: &[u32], rows: usize, first: usize, count: usize, sums: &mut [i32], portable: bool) {
         let Panels::Quads { quads, panels, .. } = &self.panels else {
             return;
@@ -666,7 +703,11 @@ impl QuantizedWeight {
         let quads = *quads;
         let stride = count * NR_Q;
         #[cfg(target_arch = "x86_64")]
-        let simd = if portable { None } else { vnni::Vnni::try_new() };
+        let simd = match (portable, self.kernel) {
+            (false, Int8Kernel::Avx512Vnni) => vnni::Vnni::try_new().map(QuadTile::Avx512),
+            (false, Int8Kernel::AvxVnni) => avx_vnni::AvxVnni::try_new().map(QuadTile::Avx256),
+            _ => None,
+        };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         let mut depth = 0;
@@ -685,10 +726,12 @@ impl QuantizedWeight {
                         accumulate: depth > 0,
                     };
                     #[cfg(target_arch = "x86_64")]
-                    if let Some(simd) = simd {
-                        simd.tile(height, call);
-                        continue;
+                    match simd {
+                        Some(QuadTile::Avx512(simd)) => simd.tile(height, call),
+                        Some(QuadTile::Avx256(simd)) => simd.tile(height, call),
+                        None => scalar_quad_tile(height, call),
                     }
+                    #[cfg(not(target_arch = "x86_64"))]
                     scalar_quad_tile(height, call);
                 }
             }
@@ -995,7 +1038,15 @@ struct QuadTileCall<'a> {
     accumulate: bool,
 }
 
-/// The quad tile in portable integer code: the same sums as the VNNI tile, exactly (a CPU without
+/// The VNNI tile a quad-layout block runs: one of the two proofs that the CPU has it.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum QuadTile {
+    Avx512(vnni::Vnni),
+    Avx256(avx_vnni::AvxVnni),
+}
+
+/// The quad tile in portable integer code: the same sums as the VNNI tiles, exactly (a CPU without
 /// VNNI never packs this layout outside the tests; this keeps a mistake slow rather than wrong).
 fn scalar_quad_tile(rows: usize, call: QuadTileCall<'_>) {
     let QuadTileCall {
@@ -1396,6 +1447,326 @@ mod vnni {
     }
 }
 
+/// The AVX-VNNI micro-kernel: the VEX-encoded, 256-bit `vpdpbusd` on the same packed quad panels
+/// and activation tiles as the AVX512-VNNI one, so the two give the same sums exactly. As there,
+/// std's intrinsic needs code compiled for the feature, entered through a token that exists only
+/// once run-time detection found it.
+#[cfg(target_arch = "x86_64")]
+mod avx_vnni {
+    // Entering a `#[target_feature]` function and unaligned vector loads and stores are `unsafe`;
+    // each use says why it holds.
+    #![allow(unsafe_code)]
+
+    use std::arch::x86_64::{
+        __m128i, __m256, __m256i, _CMP_UNORD_Q, _mm_add_ps, _mm_fmadd_ps, _mm_loadu_ps, _mm_loadu_si128, _mm_mul_ps,
+        _mm_set1_ps, _mm_storel_epi64, _mm_storeu_ps, _mm256_add_pd, _mm256_add_ps, _mm256_and_si256,
+        _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cvtepi32_pd, _mm256_cvtpd_ps, _mm256_cvtps_epi32,
+        _mm256_dpbusd_avx_epi32, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps,
+        _mm256_mul_pd, _mm256_mul_ps, _mm256_or_ps, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_pd,
+        _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_setzero_si256,
+        _mm256_shuffle_epi8, _mm256_srli_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_pd,
+    };
+
+    use super::{Combine, MR_Q, NR_Q, QuadTileCall, RowQuant, round_small, row_levels};
+
+    /// Plane rows per register block: four accumulators (32 columns) each, 12 of the 16 ymm
+    /// registers, and one for each row's broadcast activation quad; the weights are read from
+    /// memory by each `vpdpbusd`.
+    const BLOCK_ROWS: usize = 3;
+
+    /// Proof that this CPU has AVX2, FMA and AVX-VNNI.
+    #[derive(Clone, Copy)]
+    pub(super) struct AvxVnni(());
+
+    impl AvxVnni {
+        pub(super) fn try_new() -> Option<Self> {
+            let has = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("avxvnni");
+            has.then_some(Self(()))
+        }
+
+        /// [`super::quantize_row`] with AVX2: the same levels, bytes and quantization exactly.
+        pub(super) fn quantize_row(
+            self,
+            row: &[f32],
+            levels: f32,
+            hi: &mut [u8],
+            lo: Option<&mut [u8]>,
+        ) -> Option<RowQuant> {
+            // SAFETY: an `AvxVnni` exists only where `try_new` detected every feature it is compiled for.
+            unsafe { quantize_row(row, levels, hi, lo) }
+        }
+
+        /// [`Combine::scalar`] with AVX2 (4 columns at a time, the integer sums exact in f64):
+        /// the same floats.
+        pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+            // SAFETY: as in `quantize_row`.
+            unsafe { combine_row(&combine, dst) }
+        }
+
+        /// One tile of `rows` (at most `MR_Q`) plane rows, in blocks of `BLOCK_ROWS`: each block
+        /// reads the tile's panel slice again, from L1.
+        pub(super) fn tile(self, rows: usize, call: QuadTileCall<'_>) {
+            let QuadTileCall {
+                x,
+                panel,
+                out,
+                stride,
+                accumulate,
+            } = call;
+            let rows = rows.min(MR_Q);
+            let mut first = 0;
+            while first < rows {
+                let height = BLOCK_ROWS.min(rows - first);
+                let from = (first * stride).min(out.len());
+                let block = Block {
+                    x,
+                    first,
+                    panel,
+                    out: &mut out[from..],
+                    stride,
+                    accumulate,
+                };
+                // SAFETY: an `AvxVnni` exists only where `try_new` detected every feature
+                // `block_rows` is compiled for.
+                unsafe {
+                    match height {
+                        3 => block_rows::<3>(block),
+                        2 => block_rows::<2>(block),
+                        _ => block_rows::<1>(block),
+                    }
+                }
+                first += height;
+            }
+        }
+    }
+
+    /// The row's range (zero included) 8 lanes at a time, NaN and infinities refused, then its
+    /// levels; the portable code's tail past the last 8.
+    #[target_feature(enable = "avx2,fma")]
+    fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) -> Option<RowQuant> {
+        let body = row.len() - row.len() % 8;
+        let (mut min, mut max, mut nan) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        for c in (0..body).step_by(8) {
+            let v = load8(row, c);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            min = _mm256_min_ps(min, v);
+            max = _mm256_max_ps(max, v);
+        }
+        if _mm256_movemask_ps(nan) != 0 {
+            return None;
+        }
+        let (mut lows, mut highs) = ([0f32; 8], [0f32; 8]);
+        // SAFETY: each array is 8 f32 = 32 bytes; `storeu` needs no alignment.
+        unsafe {
+            _mm256_storeu_ps(lows.as_mut_ptr(), min);
+            _mm256_storeu_ps(highs.as_mut_ptr(), max);
+        }
+        let (mut min, mut max) = (
+            lows.into_iter().fold(0f32, f32::min),
+            highs.into_iter().fold(0f32, f32::max),
+        );
+        for &v in &row[body..] {
+            if v.is_nan() {
+                return None;
+            }
+            min = min.min(v);
+            max = max.max(v);
+        }
+        if !(min.is_finite() && max.is_finite()) || min == max {
+            return None;
+        }
+        Some(quantize_levels(row, (min, max), levels, hi, lo))
+    }
+
+    /// 8 lanes at a time as [`super::quantize_levels`]: a product and a sum rounded apart (no fused
+    /// multiply-add), clamped, then `cvtps2dq`'s round to nearest even, which `round_small` also
+    /// computes.
+    #[target_feature(enable = "avx2,fma")]
+    fn quantize_levels(
+        row: &[f32],
+        (min, max): (f32, f32),
+        levels: f32,
+        hi: &mut [u8],
+        mut lo: Option<&mut [u8]>,
+    ) -> RowQuant {
+        assert!(
+            hi.len() >= row.len() && lo.as_ref().is_none_or(|lo| lo.len() >= row.len()),
+            "quantized row too short"
+        );
+        let (quant, inverse, zero) = row_levels(min, max, levels);
+        let (inverse_v, zero_v, top) = (_mm256_set1_ps(inverse), _mm256_set1_ps(zero), _mm256_set1_ps(levels));
+        let low_byte = _mm256_set1_epi32(0xff);
+        let body = row.len() - row.len() % 8;
+        for c in (0..body).step_by(8) {
+            let level = _mm256_min_ps(
+                _mm256_max_ps(
+                    _mm256_add_ps(_mm256_mul_ps(load8(row, c), inverse_v), zero_v),
+                    _mm256_setzero_ps(),
+                ),
+                top,
+            );
+            let u = _mm256_cvtps_epi32(level);
+            match lo.as_deref_mut() {
+                Some(lo) => {
+                    store_low_bytes(hi, c, _mm256_srli_epi32::<8>(u));
+                    store_low_bytes(lo, c, _mm256_and_si256(u, low_byte));
+                }
+                None => store_low_bytes(hi, c, u),
+            }
+        }
+        let q = |v: f32| round_small((v * inverse + zero).clamp(0.0, levels)) as u32;
+        for (c, &v) in row.iter().enumerate().skip(body) {
+            let u = q(v);
+            match lo.as_deref_mut() {
+                Some(lo) => {
+                    hi[c] = (u >> 8) as u8;
+                    lo[c] = (u & 0xff) as u8;
+                }
+                None => hi[c] = u as u8,
+            }
+        }
+        quant
+    }
+
+    /// `values[at .. at + 8]`.
+    #[target_feature(enable = "avx2")]
+    fn load8(values: &[f32], at: usize) -> __m256 {
+        let values = &values[at..at + 8];
+        // SAFETY: `values` is 8 f32 = 32 bytes; `loadu` needs no alignment.
+        unsafe { _mm256_loadu_ps(values.as_ptr()) }
+    }
+
+    /// The low byte of each of the 8 i32 lanes of `u` (each at most 255) to `dst[at .. at + 8]`.
+    #[target_feature(enable = "avx2")]
+    fn store_low_bytes(dst: &mut [u8], at: usize, u: __m256i) {
+        // Bytes 0, 4, 8, 12 of each 128-bit lane to the lane's first dword, then those two dwords
+        // side by side.
+        let gather = _mm256_setr_epi8(
+            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+            -1, -1, -1, -1,
+        );
+        let packed = _mm256_permutevar8x32_epi32(
+            _mm256_shuffle_epi8(u, gather),
+            _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0),
+        );
+        let dst = &mut dst[at..at + 8];
+        // SAFETY: `dst` is 8 bytes; `storel_epi64` writes the low 8 bytes, unaligned.
+        unsafe { _mm_storel_epi64(dst.as_mut_ptr().cast::<__m128i>(), _mm256_castsi256_si128(packed)) };
+    }
+
+    /// 4 columns at a time: the integer part `256·hi + lo − zero·Σw` in f64, where every term and
+    /// sum is an integer below 2⁵³ (so exact, as the portable code's i64), rounded once to f32 as
+    /// the portable `i64 as f32`; then the same float operations in the same order.
+    #[target_feature(enable = "avx2,fma")]
+    fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
+        let width = dst.len();
+        assert!(
+            combine.hi.len() >= width
+                && combine.lo.is_none_or(|lo| lo.len() >= width)
+                && combine.outliers.is_none_or(|o| o.len() >= width)
+                && combine.corrections.len() >= width
+                && combine.scales.len() >= width
+                && combine.bias.is_none_or(|b| b.len() >= width),
+            "combine inputs shorter than the row"
+        );
+        let RowQuant { scale: sx, zero, .. } = combine.quant;
+        let sx = _mm_set1_ps(sx);
+        // zero ≤ 65535, |Σw| ≤ 127·k: their product is exact in f64.
+        let zero = _mm256_set1_pd(zero as f64);
+        let body = width - width % 4;
+        for c in (0..body).step_by(4) {
+            let load = |values: &[i32]| {
+                let values = &values[c..c + 4];
+                // SAFETY: `values` is 4 i32 = 16 bytes; `loadu` needs no alignment.
+                _mm256_cvtepi32_pd(unsafe { _mm_loadu_si128(values.as_ptr().cast::<__m128i>()) })
+            };
+            let load_f32 = |values: &[f32]| {
+                let values = &values[c..c + 4];
+                // SAFETY: as in `load`, for 4 f32.
+                unsafe { _mm_loadu_ps(values.as_ptr()) }
+            };
+            let mut acc = load(combine.hi);
+            if let Some(lo) = combine.lo {
+                acc = _mm256_add_pd(_mm256_mul_pd(acc, _mm256_set1_pd(256.0)), load(lo));
+            }
+            acc = _mm256_sub_pd(acc, _mm256_mul_pd(zero, load(combine.corrections)));
+            let scales = load_f32(combine.scales);
+            let mut out = _mm_mul_ps(_mm256_cvtpd_ps(acc), _mm_mul_ps(sx, scales));
+            if let Some(exact) = combine.outliers {
+                out = _mm_fmadd_ps(load_f32(exact), scales, out);
+            }
+            if let Some(bias) = combine.bias {
+                out = _mm_add_ps(out, load_f32(bias));
+            }
+            let dst = &mut dst[c..c + 4];
+            // SAFETY: `dst` is 4 f32; `storeu` needs no alignment.
+            unsafe { _mm_storeu_ps(dst.as_mut_ptr(), out) };
+        }
+        for (c, o) in dst.iter_mut().enumerate().skip(body) {
+            *o = combine.column(c);
+        }
+    }
+
+    /// Plane rows `first ..` of a tile's activations (`MR_Q` words per quad) times its panel slice,
+    /// into `out` (from the block's first row, rows `stride` apart).
+    struct Block<'a> {
+        x: &'a [u32],
+        first: usize,
+        panel: &'a [i8],
+        out: &'a mut [i32],
+        stride: usize,
+        accumulate: bool,
+    }
+
+    /// `R × 4` i32 accumulator registers (32 columns per row); per depth quad, one broadcast
+    /// activation word per row and `vpdpbusd` of it by each 32-byte quarter of the panel row.
+    #[target_feature(enable = "avx2,avxvnni")]
+    fn block_rows<const R: usize>(block: Block<'_>) {
+        let Block {
+            x,
+            first,
+            panel,
+            out,
+            stride,
+            accumulate,
+        } = block;
+        const { assert!(R >= 1 && R <= MR_Q && NR_Q == 32) };
+        assert!(first + R <= MR_Q, "block past the tile's rows");
+        // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
+        assert!(out.len() >= (R - 1) * stride + NR_Q, "quad tile output too short");
+        let mut acc = [[_mm256_setzero_si256(); 4]; R];
+        if accumulate {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let held = &out[r * stride..r * stride + NR_Q];
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: `held` is 32 i32; quarter `j` is 8 of them (32 bytes); `loadu` needs
+                    // no alignment.
+                    *acc = unsafe { _mm256_loadu_si256(held[8 * j..].as_ptr().cast::<__m256i>()) };
+                }
+            }
+        }
+        for (w, a) in panel.chunks_exact(4 * NR_Q).zip(x.chunks_exact(MR_Q)) {
+            let words: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi32(a[first + r] as i32));
+            for j in 0..4 {
+                // SAFETY: `w` is 128 bytes; quarter `j` is 32 of them; `loadu` needs no alignment.
+                let quarter = unsafe { _mm256_loadu_si256(w[32 * j..].as_ptr().cast::<__m256i>()) };
+                for r in 0..R {
+                    acc[r][j] = _mm256_dpbusd_avx_epi32(acc[r][j], words[r], quarter);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let dst = &mut out[r * stride..r * stride + NR_Q];
+            for (j, acc) in acc.iter().enumerate() {
+                // SAFETY: as for the loads, into `dst`.
+                unsafe { _mm256_storeu_si256(dst[8 * j..].as_mut_ptr().cast::<__m256i>(), *acc) };
+            }
+        }
+    }
+}
+
 fn run_tile(kernel: Int8Kernel, rows: usize, call: IntTileCall<'_>) {
     match kernel {
         #[cfg(target_arch = "x86_64")]
@@ -1526,6 +1897,10 @@ mod tests {
             .collect()
     }
 
+    /// A row quantizer under test: `(row, levels, hi, lo)` as [`quantize_row`].
+    #[cfg(target_arch = "x86_64")]
+    type QuantizeRow = Box<dyn Fn(&[f32], f32, &mut [u8], Option<&mut [u8]>) -> Option<RowQuant>>;
+
     const SHAPES: [(usize, usize, usize); 6] = [
         (1, 5, 3),
         (7, 300, 37),
@@ -1550,6 +1925,13 @@ mod tests {
             variants.push((Int8Kernel::Avx512Vnni, Some(Int8Activations::U8Outliers(40)), 0.02));
         } else {
             eprintln!("this CPU has no AVX512-VNNI: its kernel is not tested here");
+        }
+        if Int8Kernel::AvxVnni.available() {
+            variants.push((Int8Kernel::AvxVnni, Some(Int8Activations::U8), 0.02));
+            variants.push((Int8Kernel::AvxVnni, Some(Int8Activations::U16), 0.01));
+            variants.push((Int8Kernel::AvxVnni, Some(Int8Activations::U8_OUTLIERS), 0.02));
+        } else {
+            eprintln!("this CPU has no AVX-VNNI: its kernel is not tested here");
         }
         variants
     }
@@ -1732,41 +2114,68 @@ mod tests {
         }
     }
 
-    /// The AVX-512 row quantization gives the portable code's levels and zero point exactly, on
-    /// rows with tails, ties, negative zeros, a constant row and non-finite values.
+    /// The AVX-512 and AVX2 row quantizations give the portable code's levels and zero point
+    /// exactly, on rows with tails, ties, negative zeros, a constant row and non-finite values.
     #[test]
     fn simd_row_quantization_equals_the_portable_one() {
         #[cfg(target_arch = "x86_64")]
         {
-            let Some(simd) = vnni::Vnni::try_new() else {
-                eprintln!("this CPU has no AVX512-VNNI: skipped");
-                return;
-            };
-            let mut rows: Vec<Vec<f32>> = [1usize, 15, 16, 17, 100, 1024, 2624]
+            let mut rows: Vec<Vec<f32>> = [1usize, 7, 8, 9, 15, 16, 17, 100, 1024, 2624]
                 .iter()
                 .map(|&k| values(k, k as u64))
                 .collect();
             rows.push(vec![0.0; 33]);
             rows.push(vec![-0.0, 0.0, 1.5, -2.5, 0.5, 65535.0 / 65536.0]);
-            let mut with_nan = values(40, 9);
-            with_nan[37] = f32::NAN;
-            rows.push(with_nan);
-            let mut with_inf = values(40, 10);
-            with_inf[3] = f32::NEG_INFINITY;
-            rows.push(with_inf);
-            for bits in [Int8Activations::U8, Int8Activations::U16] {
-                for row in &rows {
-                    let quads = row.len().div_ceil(4) * 4;
-                    let (mut hi, mut lo) = (vec![0u8; quads], vec![0u8; quads]);
-                    let (mut hi2, mut lo2) = (vec![0u8; quads], vec![0u8; quads]);
-                    let two = bits == Int8Activations::U16;
-                    let portable = quantize_row(row, bits.levels(), &mut hi, two.then_some(&mut lo[..]));
-                    let fast = simd.quantize_row(row, bits.levels(), &mut hi2, two.then_some(&mut lo2[..]));
-                    let key = |q: Option<RowQuant>| q.map(|q| (q.scale.to_bits(), q.zero));
-                    assert_eq!(key(portable), key(fast), "{bits:?} {} values", row.len());
-                    assert_eq!((hi, lo), (hi2, lo2), "{bits:?} {} values", row.len());
+            rows.push(vec![-0.0, 0.0, 1.5, -2.5, 0.5, 65535.0 / 65536.0, 0.25, -0.0, 3.0]);
+            for at in [3, 37] {
+                let mut with_nan = values(40, 9);
+                with_nan[at] = f32::NAN;
+                rows.push(with_nan);
+                let mut with_inf = values(40, 10);
+                with_inf[at] = f32::NEG_INFINITY;
+                rows.push(with_inf);
+            }
+            let quantizers: [(&str, Option<QuantizeRow>); 2] = [
+                (
+                    "avx512",
+                    vnni::Vnni::try_new().map(|simd| {
+                        Box::new(move |row: &[f32], levels, hi: &mut [u8], lo: Option<&mut [u8]>| {
+                            simd.quantize_row(row, levels, hi, lo)
+                        }) as QuantizeRow
+                    }),
+                ),
+                (
+                    "avx2",
+                    avx_vnni::AvxVnni::try_new().map(|simd| {
+                        Box::new(move |row: &[f32], levels, hi: &mut [u8], lo: Option<&mut [u8]>| {
+                            simd.quantize_row(row, levels, hi, lo)
+                        }) as QuantizeRow
+                    }),
+                ),
+            ];
+            for (name, quantize) in &quantizers {
+                let Some(quantize) = quantize else {
+                    eprintln!("this CPU has no {name} row quantization: not tested here");
+                    continue;
+                };
+                for bits in [Int8Activations::U8, Int8Activations::U16] {
+                    for row in &rows {
+                        let quads = row.len().div_ceil(4) * 4;
+                        let (mut hi, mut lo) = (vec![0u8; quads], vec![0u8; quads]);
+                        let (mut hi2, mut lo2) = (vec![0u8; quads], vec![0u8; quads]);
+                        let two = bits == Int8Activations::U16;
+                        let portable = quantize_row(row, bits.levels(), &mut hi, two.then_some(&mut lo[..]));
+                        let fast = quantize(row, bits.levels(), &mut hi2, two.then_some(&mut lo2[..]));
+                        let key = |q: Option<RowQuant>| q.map(|q| (q.scale.to_bits(), q.zero));
+                        assert_eq!(key(portable), key(fast), "{name} {bits:?} {} values", row.len());
+                        assert_eq!((hi, lo), (hi2, lo2), "{name} {bits:?} {} values", row.len());
+                    }
                 }
             }
+            let Some(simd) = vnni::Vnni::try_new() else {
+                eprintln!("this CPU has no AVX512-VNNI: its outlier passes are not tested here");
+                return;
+            };
             // With outliers: the AVX-512 levels inside the clipped range, the same bytes and outliers.
             rows.push(vec![0.0, 0.0, 7.0, 0.0, -9.0]);
             rows.push(vec![3.0; 20]);
@@ -1820,6 +2229,15 @@ mod tests {
                 Int8Kernel::for_family(CpuKernels::Avx512) == Int8Kernel::Avx512Vnni,
                 vnni
             );
+            let avx_vnni = std::arch::is_x86_feature_detected!("avxvnni");
+            assert_eq!(Int8Kernel::AvxVnni.available(), avx_vnni);
+            assert_eq!(
+                Int8Kernel::for_family(CpuKernels::Avx2) == Int8Kernel::AvxVnni,
+                avx_vnni
+            );
+            if avx_vnni && !vnni {
+                assert_eq!(Int8Kernel::for_family(CpuKernels::Avx512), Int8Kernel::AvxVnni);
+            }
         }
         assert_ne!(Int8Kernel::for_family(CpuKernels::Avx2), Int8Kernel::Avx512Vnni);
         assert!(Int8Kernel::detect().available());
