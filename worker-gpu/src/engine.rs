@@ -23,8 +23,9 @@ pub struct EngineOptions {
     pub device: DeviceRequest,
     /// Weights and matmul precision; `None`: f32 on the CPU, the checkpoints' `amp_dtype` on a GPU.
     pub precision: Option<Precision>,
-    /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: rayon's
-    /// default, one per logical core. candle's own elementwise ops (adds, casts) run on a pool sized
+    /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: one per
+    /// CPU this process may use (`std::thread::available_parallelism`). Either way the pool is
+    /// pinned one thread per CPU when it spans them all ([`CpuThreads`]). candle's own elementwise ops (adds, casts) run on a pool sized
     /// by `CANDLE_NUM_THREADS`, which only the process environment sets (`layad-worker-gpu` and
     /// `layad-bench` set it to 1 unless it is set: `device::one_candle_thread_unless_set`).
     pub threads: Option<usize>,
@@ -125,9 +126,13 @@ impl CandleEngine {
         let precision = options
             .precision
             .unwrap_or_else(|| Precision::default_for(&device.device, opened.iter().map(|(_, c)| c.agent.amp_dtype)));
-        let threads = match (options.threads, device.device.is_cpu()) {
-            (Some(n), true) => Some(CpuThreads::new(n).map_err(LoadError::Device)?),
-            _ => None,
+        let threads = if device.device.is_cpu() {
+            let count = options
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+            Some(CpuThreads::new(count).map_err(LoadError::Device)?)
+        } else {
+            None
         };
         let cpu_kernels = if device.device.is_cpu() {
             let kernels = options.cpu_kernels.unwrap_or_else(CpuKernels::detect);
@@ -247,7 +252,7 @@ impl CandleEngine {
         self.cpu_kernels
     }
 
-    /// Size of the engine's own CPU thread pool, when one was asked for.
+    /// Size of the engine's own CPU thread pool (CPU engines only).
     pub fn cpu_threads(&self) -> Option<usize> {
         self.threads.as_ref().map(CpuThreads::threads)
     }

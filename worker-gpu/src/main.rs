@@ -26,10 +26,11 @@ struct Args {
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     cpu_kernels: Kernels,
 
-    /// `--dtype int8` with the AVX512-VNNI kernel: how activation rows are quantized, each choice
-    /// behind the load-time parity gate: auto (8 bits where the gate's rows stay within a third of
-    /// its bound, else 16 bits), u16, u8, u8o (8 bits with outliers held apart), u8o:N (N outliers
-    /// per row). The AVX2 kernel ignores it. The supervisor leaves it at auto.
+    /// `--dtype int8` with a VNNI kernel (AVX512-VNNI or AVX-VNNI): how activation rows are
+    /// quantized, each choice behind the load-time parity gate: auto (8 bits where the gate's rows
+    /// stay within a third of its bound, else 16 bits), u16, u8, u8o (8 bits with outliers held
+    /// apart), u8o:N (N outliers per row). The AVX2 i16 kernel ignores it. The supervisor leaves it
+    /// at auto.
     #[arg(long, default_value = "auto", value_parser = parse_activations)]
     int8_activations: Activations,
 

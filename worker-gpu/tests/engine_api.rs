@@ -35,6 +35,22 @@ fn engine() -> CandleEngine {
     CandleEngine::load(&checkpoints, options()).expect("load")
 }
 
+/// Without a thread count a CPU engine gets its own pool of one thread per CPU it may use.
+#[test]
+fn the_default_pool_has_a_thread_per_cpu() {
+    let checkpoints = [("english".to_owned(), location(CheckpointName::English))];
+    let engine = CandleEngine::load(
+        &checkpoints,
+        EngineOptions {
+            threads: None,
+            ..options()
+        },
+    )
+    .expect("load");
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert_eq!(engine.cpu_threads(), Some(cpus));
+}
+
 fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: u32) -> EngineRow {
     EngineRow { ids, markers, qtype }
 }

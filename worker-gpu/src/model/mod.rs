@@ -174,7 +174,8 @@ impl LayaModel {
     /// float32. CPU and f32 models only.
     /// The integer kernel follows the float family the model was packed for: AVX512-VNNI (u8 × s8,
     /// 8-bit activations until [`LayaModel::set_int8_activations`] says otherwise) beside AVX-512
-    /// where the CPU has VNNI, the AVX2 i16 kernel beside AVX2.
+    /// where the CPU has VNNI; AVX-VNNI (the same u8 × s8 quads on 256-bit registers) beside AVX2
+    /// where the CPU has it, else the AVX2 i16 kernel.
     pub fn quantize_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() {
             candle_core::bail!("int8 runs on the CPU only")

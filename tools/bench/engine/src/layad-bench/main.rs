@@ -49,10 +49,10 @@ struct Args {
     /// gemm (candle's matmul and composed attention, the engine before run-time kernels).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     cpu_kernels: Vec<String>,
-    /// int8 only: activation quantization of the VNNI kernel to run each int8 engine with: auto (the
-    /// engine's default: u8 where the gate's rows stay within a third of its bound, else u16), u8,
-    /// u16, u8o (8 bits with the default count of outliers held apart per row), u8o:N (N outliers
-    /// per row); the AVX2 kernel ignores it. Each passes the gate first.
+    /// int8 only: activation quantization of the VNNI kernels (AVX512-VNNI, AVX-VNNI) to run each
+    /// int8 engine with: auto (the engine's default: u8 where the gate's rows stay within a third of
+    /// its bound, else u16), u8, u16, u8o (8 bits with the default count of outliers held apart per
+    /// row), u8o:N (N outliers per row); the AVX2 i16 kernel ignores it. Each passes the gate first.
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     int8_activations: Vec<String>,
     /// The candle engine's device: cpu, cuda, cuda:N, metal (a GPU that cannot be opened fails the
