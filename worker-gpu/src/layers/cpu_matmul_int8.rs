@@ -27,8 +27,8 @@
 //!   cores, Zen 5): the same quad panels, activation planes and quantization as AVX512-VNNI, so the
 //!   same sums exactly, from four ymm accumulators per row of 32 columns, three rows per register
 //!   block. It is the integer kernel beside the AVX2 float family (`cpu_kernels = "avx2"`, which
-//!   keeps every kernel off 512-bit registers: its rows are quantized and combined by the portable
-//!   code), and beside AVX-512 on a CPU without AVX512-VNNI.
+//!   keeps every kernel off 512-bit registers: its rows are quantized and combined with AVX2, its
+//!   outliers by the portable code), and beside AVX-512 on a CPU without AVX512-VNNI.
 //! - **AVX2** (`vpmaddwd`, i16 × i16 pairs summed into i32): weights held as i16 in panels of 16
 //!   columns; activations symmetric per row to as many levels as an i32 sum over the depth holds
 //!   (`127 · levels · k < 2³¹`: about 14 bits at k = 1024). Without VNNI, `vpmaddubsw` (u8 × s8)
@@ -282,10 +282,8 @@ impl QuantizedWeight {
         // 8-bit planes times 8-bit weights stay inside i32 up to this depth (255 · 127 · k < 2³¹);
         // deeper weights (none in Laya's models: k ≤ 4096) take the pair layout.
         let kernel = match kernel {
-            kernel if kernel.quads() && k > MAX_QUAD_DEPTH => [Int8Kernel::Avx2]
-                .into_iter()
-                .find(|k| k.available())
-                .unwrap_or(Int8Kernel::Scalar),
+            kernel if kernel.quads() && k > MAX_QUAD_DEPTH && Int8Kernel::Avx2.available() => Int8Kernel::Avx2,
+            kernel if kernel.quads() && k > MAX_QUAD_DEPTH => Int8Kernel::Scalar,
             kernel => kernel,
         };
         let panels = match kernel {
