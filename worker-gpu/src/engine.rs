@@ -25,9 +25,10 @@ pub struct EngineOptions {
     pub precision: Option<Precision>,
     /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: one per
     /// CPU this process may use (`std::thread::available_parallelism`). Either way the pool is
-    /// pinned one thread per CPU when it spans them all ([`CpuThreads`]). candle's own elementwise ops (adds, casts) run on a pool sized
-    /// by `CANDLE_NUM_THREADS`, which only the process environment sets (`layad-worker-gpu` and
-    /// `layad-bench` set it to 1 unless it is set: `device::one_candle_thread_unless_set`).
+    /// pinned one thread per CPU when it spans them all ([`CpuThreads`]). candle's own elementwise
+    /// ops (adds, casts) run on a pool sized by `CANDLE_NUM_THREADS`, which only the process
+    /// environment sets (`layad-worker-gpu` and `layad-bench` set it to 1 unless it is set:
+    /// `device::one_candle_thread_unless_set`).
     pub threads: Option<usize>,
     /// CPU only: the SIMD kernels of the matrix products; `None`: the best this CPU has. Naming one
     /// the CPU lacks fails the load.
