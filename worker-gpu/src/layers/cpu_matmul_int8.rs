@@ -447,7 +447,7 @@ impl QuantizedWeight {
         };
         let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
         #[cfg(target_arch = "x86_64")]
-        let (simd, simd256) = (self.avx512_rows(portable), self.avx2_rows(portable));
+        let simd = self.quad_simd(portable);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         // The outliers' exact products for one row, `stride` columns (zero weights past `n`).
@@ -471,7 +471,7 @@ impl QuantizedWeight {
                     outliers: held,
                 };
                 #[cfg(target_arch = "x86_64")]
-                match simd {
+                match simd.and_then(QuadSimd::avx512) {
                     Some(simd) => simd.outlier_products(&products, &mut exact),
                     None => products.scalar(&mut exact),
                 }
@@ -489,10 +489,9 @@ impl QuantizedWeight {
                 outliers: outlier_products,
             };
             #[cfg(target_arch = "x86_64")]
-            match (simd, simd256) {
-                (Some(simd), _) => simd.combine(combine, dst),
-                (None, Some(simd)) => simd.combine(combine, dst),
-                (None, None) => combine.scalar(dst),
+            match simd {
+                Some(simd) => simd.combine(combine, dst),
+                None => combine.scalar(dst),
             }
             #[cfg(not(target_arch = "x86_64"))]
             combine.scalar(dst);
@@ -576,7 +575,7 @@ impl QuantizedWeight {
             held: vec![(0, 0.0); tiles * rows_per_tile * per_row.max(1)],
         };
         #[cfg(target_arch = "x86_64")]
-        let (simd, simd256) = (self.avx512_rows(portable), self.avx2_rows(portable));
+        let simd = self.quad_simd(portable);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         packed
@@ -590,10 +589,9 @@ impl QuantizedWeight {
                 let mut bytes = vec![0u8; planes * quads * 4];
                 let mut magnitudes = Vec::new();
                 #[cfg(target_arch = "x86_64")]
-                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match (simd, simd256) {
-                    (Some(simd), _) => simd.quantize_row(row, levels, hi, lo),
-                    (None, Some(simd)) => simd.quantize_row(row, levels, hi, lo),
-                    (None, None) => quantize_row(row, levels, hi, lo),
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
+                    Some(simd) => simd.quantize_row(row, levels, hi, lo),
+                    None => quantize_row(row, levels, hi, lo),
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
@@ -604,7 +602,7 @@ impl QuantizedWeight {
                     let found = if per_row > 0 {
                         let held = &mut held[r * per_row..(r + 1) * per_row];
                         #[cfg(target_arch = "x86_64")]
-                        let found = match simd {
+                        let found = match simd.and_then(QuadSimd::avx512) {
                             Some(simd) => {
                                 quantize_row_with_outliers(&simd, row, levels, hi_plane, held, &mut magnitudes)
                             }
@@ -671,25 +669,15 @@ impl QuantizedWeight {
         }
     }
 
-    /// The AVX-512 code for the rows of a quad-layout product (quantizing activations, outliers,
-    /// combining sums): beside the AVX512-VNNI kernel only, so the AVX-VNNI kernel (chosen beside
-    /// the AVX2 family) runs no 512-bit code.
+    /// The SIMD code of this quad-layout weight's kernel (`None`: the portable code, also when
+    /// `portable`), checked once per product or block.
     #[cfg(target_arch = "x86_64")]
-    fn avx512_rows(&self, portable: bool) -> Option<vnni::Vnni> {
-        if portable || self.kernel != Int8Kernel::Avx512Vnni {
-            return None;
+    fn quad_simd(&self, portable: bool) -> Option<QuadSimd> {
+        match (portable, self.kernel) {
+            (false, Int8Kernel::Avx512Vnni) => vnni::Vnni::try_new().map(QuadSimd::Avx512),
+            (false, Int8Kernel::AvxVnni) => avx_vnni::AvxVnni::try_new().map(QuadSimd::Avx256),
+            _ => None,
         }
-        vnni::Vnni::try_new()
-    }
-
-    /// The AVX2 code for the rows beside the AVX-VNNI kernel: quantizing rows without outliers and
-    /// combining sums (outliers take the portable code there).
-    #[cfg(target_arch = "x86_64")]
-    fn avx2_rows(&self, portable: bool) -> Option<avx_vnni::AvxVnni> {
-        if portable || self.kernel != Int8Kernel::AvxVnni {
-            return None;
-        }
-        avx_vnni::AvxVnni::try_new()
     }
 
     /// Quad layout: panels `first .. first + count` for every plane row (`rows` of them) into
@@ -701,11 +689,7 @@ impl QuantizedWeight {
         let quads = *quads;
         let stride = count * NR_Q;
         #[cfg(target_arch = "x86_64")]
-        let simd = match (portable, self.kernel) {
-            (false, Int8Kernel::Avx512Vnni) => vnni::Vnni::try_new().map(QuadTile::Avx512),
-            (false, Int8Kernel::AvxVnni) => avx_vnni::AvxVnni::try_new().map(QuadTile::Avx256),
-            _ => None,
-        };
+        let simd = self.quad_simd(portable);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         let mut depth = 0;
@@ -725,8 +709,7 @@ impl QuantizedWeight {
                     };
                     #[cfg(target_arch = "x86_64")]
                     match simd {
-                        Some(QuadTile::Avx512(simd)) => simd.tile(height, call),
-                        Some(QuadTile::Avx256(simd)) => simd.tile(height, call),
+                        Some(simd) => simd.tile(height, call),
                         None => scalar_quad_tile(height, call),
                     }
                     #[cfg(not(target_arch = "x86_64"))]
@@ -1036,12 +1019,47 @@ struct QuadTileCall<'a> {
     accumulate: bool,
 }
 
-/// The VNNI tile a quad-layout block runs: one of the two proofs that the CPU has it.
+/// The SIMD code a quad-layout weight runs, one of the two proofs that the CPU has its VNNI: the
+/// AVX512-VNNI kernel with AVX-512 rows (quantizing activations, outliers, combining sums), or the
+/// AVX-VNNI kernel with AVX2 rows and portable outliers, so `cpu_kernels = "avx2"` runs no 512-bit
+/// code.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-enum QuadTile {
+enum QuadSimd {
     Avx512(vnni::Vnni),
     Avx256(avx_vnni::AvxVnni),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl QuadSimd {
+    fn tile(self, rows: usize, call: QuadTileCall<'_>) {
+        match self {
+            Self::Avx512(simd) => simd.tile(rows, call),
+            Self::Avx256(simd) => simd.tile(rows, call),
+        }
+    }
+
+    fn quantize_row(self, row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) -> Option<RowQuant> {
+        match self {
+            Self::Avx512(simd) => simd.quantize_row(row, levels, hi, lo),
+            Self::Avx256(simd) => simd.quantize_row(row, levels, hi, lo),
+        }
+    }
+
+    fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+        match self {
+            Self::Avx512(simd) => simd.combine(combine, dst),
+            Self::Avx256(simd) => simd.combine(combine, dst),
+        }
+    }
+
+    /// The AVX-512 code, for what only it has (outliers).
+    fn avx512(self) -> Option<vnni::Vnni> {
+        match self {
+            Self::Avx512(simd) => Some(simd),
+            Self::Avx256(_) => None,
+        }
+    }
 }
 
 /// The quad tile in portable integer code: the same sums as the VNNI tiles, exactly (a CPU without
@@ -1518,9 +1536,9 @@ mod avx_vnni {
             while first < rows {
                 let height = BLOCK_ROWS.min(rows - first);
                 let from = (first * stride).min(out.len());
-                let block = Block {
+                // The block's rows from its first: `out` from that row's sums on.
+                let block = QuadTileCall {
                     x,
-                    first,
                     panel,
                     out: &mut out[from..],
                     stride,
@@ -1530,9 +1548,9 @@ mod avx_vnni {
                 // `block_rows` is compiled for.
                 unsafe {
                     match height {
-                        3 => block_rows::<3>(block),
-                        2 => block_rows::<2>(block),
-                        _ => block_rows::<1>(block),
+                        3 => block_rows::<3>(block, first),
+                        2 => block_rows::<2>(block, first),
+                        _ => block_rows::<1>(block, first),
                     }
                 }
                 first += height;
@@ -1707,24 +1725,14 @@ mod avx_vnni {
         }
     }
 
-    /// Plane rows `first ..` of a tile's activations (`MR_Q` words per quad) times its panel slice,
-    /// into `out` (from the block's first row, rows `stride` apart).
-    struct Block<'a> {
-        x: &'a [u32],
-        first: usize,
-        panel: &'a [i8],
-        out: &'a mut [i32],
-        stride: usize,
-        accumulate: bool,
-    }
-
-    /// `R × 4` i32 accumulator registers (32 columns per row); per depth quad, one broadcast
-    /// activation word per row and `vpdpbusd` of it by each 32-byte quarter of the panel row.
+    /// Plane rows `first .. first + R` of a tile's activations (`MR_Q` words per quad) times its
+    /// panel slice, into `out` (from row `first`'s sums, rows `stride` apart): `R × 4` i32
+    /// accumulator registers (32 columns per row); per depth quad, one broadcast activation word
+    /// per row and `vpdpbusd` of it by each 32-byte quarter of the panel row.
     #[target_feature(enable = "avx2,avxvnni")]
-    fn block_rows<const R: usize>(block: Block<'_>) {
-        let Block {
+    fn block_rows<const R: usize>(block: QuadTileCall<'_>, first: usize) {
+        let QuadTileCall {
             x,
-            first,
             panel,
             out,
             stride,
