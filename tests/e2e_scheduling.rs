@@ -536,8 +536,29 @@ fn load(server: &Server, stop: Arc<AtomicBool>) -> (tokio::task::JoinHandle<()>,
     (task, ok, failed)
 }
 
+/// A directory holding a `layad-worker-gpu` that waits half a second before it runs the real one:
+/// a worker on the tiny fixture checkpoints is otherwise ready within one `/health` poll, too soon
+/// to be seen starting.
+fn slow_starting_workers() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let real = layad_system_tests::bin_dir().join("layad-worker-gpu");
+    let script = format!("#!/bin/sh\nsleep 0.5\nexec '{}' \"$@\"\n", real.display());
+    let binary = dir.path().join("layad-worker-gpu");
+    std::fs::write(&binary, script).expect("write the slow worker");
+    std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    dir
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_add_workers_after_warmup_remove_them_without_loss_and_refuse_broken_files() {
+    let slow = slow_starting_workers();
+    let one_pool = |workers| {
+        format!(
+            "[workers]\nbinary_dir = {:?}\n{}",
+            slow.path().display().to_string(),
+            one_pool(workers)
+        )
+    };
     let mut server = Server::start(&one_pool(1), &[]);
     server.wait_ready(Duration::from_secs(120)).await;
     let config = server.dir.path().join("layad.toml");
