@@ -11,7 +11,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, MR, TileCall, pack_rows};
+use crate::layers::cpu_matmul::{CpuKernels, MR, TileCall};
 
 /// The attention of one layer over a right-padded batch.
 pub(crate) struct AttentionOp<'a> {
@@ -97,30 +97,36 @@ impl WithSimd for HeadTask<'_> {
     type Output = Vec<f32>;
 
     #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) -> Vec<f32> {
-        self.op.head(self.qkv, self.row, self.head)
+    fn with_simd<S: Simd>(self, simd: S) -> Vec<f32> {
+        self.op.head(simd, self.qkv, self.row, self.head)
     }
 }
 
 impl AttentionOp<'_> {
-    /// The attended values `[n, head_dim]` of one head of one row (`n` its real length).
+    /// The attended values `[n, head_dim]` of one head of one row (`n` its real length). Serial:
+    /// the op's parallelism is across (row, head) tasks, so nothing here forks on the pool.
     #[inline(always)]
-    fn head(&self, qkv: &[f32], row: usize, head: usize) -> Vec<f32> {
+    fn head<S: Simd>(&self, simd: S, qkv: &[f32], row: usize, head: usize) -> Vec<f32> {
         let (hd, n) = (self.head_dim, self.lengths[row]);
         let d = self.heads * hd;
         let nr = self.kernels.panel_width();
         let key_panels = n.div_ceil(nr);
         let value_panels = hd.div_ceil(nr);
         let padded = key_panels * nr;
-        // q rows with RoPE; keys with RoPE as panels (nr keys per depth); values as panels (nr
-        // dimensions per key).
-        let mut q = vec![0f32; n * hd];
+        // q rows with RoPE as row tiles of `MR` (`pack_rows`' layout: per depth, the tile's `MR`
+        // values); keys with RoPE as panels (nr keys per depth); values as panels (nr dimensions
+        // per key). Zero past `n` and `hd`.
+        let mut q = vec![0f32; n.div_ceil(MR) * hd * MR];
         let mut keys = vec![0f32; key_panels * hd * nr];
         let mut values = vec![0f32; value_panels * n * nr];
         let mut rotated = vec![0f32; hd];
         for t in 0..n {
             let at = (row * self.len + t) * 3 * d + head * hd;
-            self.rotate(&qkv[at..at + hd], t, &mut q[t * hd..(t + 1) * hd]);
+            self.rotate(&qkv[at..at + hd], t, &mut rotated);
+            let (tile, lane) = (t / MR, t % MR);
+            for (depth, &v) in rotated.iter().enumerate() {
+                q[(tile * hd + depth) * MR + lane] = v;
+            }
             self.rotate(&qkv[at + d..at + d + hd], t, &mut rotated);
             let (panel, lane) = (t / nr, t % nr);
             for (depth, &k) in rotated.iter().enumerate() {
@@ -130,8 +136,10 @@ impl AttentionOp<'_> {
                 values[((dim / nr) * n + t) * nr + dim % nr] = v;
             }
         }
-        let q = pack_rows(&q, n, hd);
         let mut scores = vec![0f32; MR * padded];
+        // The tile's probabilities packed as kernel rows (`MR` per key); rows past the tile's
+        // height keep stale values the kernel never reads.
+        let mut p = vec![0f32; n * MR];
         let mut out = vec![0f32; n * value_panels * nr];
         for (tile, first) in (0..n).step_by(MR).enumerate() {
             let rows = MR.min(n - first);
@@ -158,29 +166,17 @@ impl AttentionOp<'_> {
                     None => (0, n),
                 };
                 let line = &mut scores[r * padded..(r + 1) * padded];
-                let max = line[from..to].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for s in &mut line[from..to] {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                for s in &mut line[from..to] {
-                    *s *= inv;
-                }
+                softmax(simd, &mut line[from..to]);
                 line[lo..from].fill(0.0);
                 line[to..hi].fill(0.0);
-            }
-            // p · v over the tile's key range.
-            let mut p = vec![0f32; (hi - lo) * MR];
-            for r in 0..rows {
-                for (j, &s) in scores[r * padded + lo..r * padded + hi].iter().enumerate() {
+                for (j, &s) in line[lo..hi].iter().enumerate() {
                     p[j * MR + r] = s;
                 }
             }
+            // p · v over the tile's key range.
             for panel in 0..value_panels {
                 let call = TileCall {
-                    x: &p,
+                    x: &p[..(hi - lo) * MR],
                     panel: &values[(panel * n + lo) * nr..(panel * n + hi) * nr],
                     out: &mut out[first * value_panels * nr + panel * nr..],
                     stride: value_panels * nr,
@@ -209,5 +205,225 @@ impl AttentionOp<'_> {
             o1[j] = x1[j] * cos[j] - x2[j] * sin[j];
             o2[j] = x2[j] * cos[j] + x1[j] * sin[j];
         }
+    }
+}
+
+/// `line` replaced by its softmax: exponentials of the differences to the maximum on SIMD lanes
+/// ([`exp_simd`]; the row's tail through libm), their sum over lanes.
+#[inline(always)]
+fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
+    let (body, tail) = S::as_mut_simd_f32s(line);
+    let mut lanes = simd.splat_f32s(f32::NEG_INFINITY);
+    for &v in body.iter() {
+        lanes = simd.max_f32s(lanes, v);
+    }
+    let max = tail.iter().copied().fold(simd.reduce_max_f32s(lanes), f32::max);
+    let shift = simd.splat_f32s(max);
+    let mut sums = simd.splat_f32s(0.0);
+    for v in body.iter_mut() {
+        *v = exp_simd(simd, simd.sub_f32s(*v, shift));
+        sums = simd.add_f32s(sums, *v);
+    }
+    let mut sum = simd.reduce_sum_f32s(sums);
+    for v in tail.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = simd.splat_f32s(1.0 / sum);
+    for v in body.iter_mut() {
+        *v = simd.mul_f32s(*v, inv);
+    }
+    for v in tail.iter_mut() {
+        *v *= 1.0 / sum;
+    }
+}
+
+/// Below this, `exp` is under f32's smallest normal number; inputs are raised to it.
+const EXP_LOWEST: f32 = -87.336_54;
+/// 1.5 · 2²³: added to a float below 2²², it leaves the nearest integer in the low mantissa bits.
+const ROUND_TO_INTEGER: f32 = 12_582_912.0;
+/// ln 2 in two parts (Cephes' `expf`): `n · LN2_HIGH` is exact for the `n` that occur.
+const LN2_HIGH: f32 = 0.693_359_4;
+const LN2_LOW: f32 = -2.121_944_4e-4;
+/// Cephes' `expf` polynomial for `e^r − 1 − r` over `r²`, |r| ≤ ln 2 / 2, highest degree first.
+const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+
+/// `e^x` on SIMD lanes for `x ≤ 88` (within a few ulp of libm; a softmax's differences to its
+/// maximum are ≤ 0): `x = n·ln 2 + r`, a polynomial for `e^r`, `2^n` built in the exponent bits.
+#[inline(always)]
+fn exp_simd<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
+    let x = simd.max_f32s(x, simd.splat_f32s(EXP_LOWEST));
+    let shifted = simd.mul_add_f32s(
+        x,
+        simd.splat_f32s(std::f32::consts::LOG2_E),
+        simd.splat_f32s(ROUND_TO_INTEGER),
+    );
+    let n = simd.sub_f32s(shifted, simd.splat_f32s(ROUND_TO_INTEGER));
+    let r = simd.mul_add_f32s(n, simd.splat_f32s(-LN2_HIGH), x);
+    let r = simd.mul_add_f32s(n, simd.splat_f32s(-LN2_LOW), r);
+    let mut poly = simd.splat_f32s(0.0);
+    for c in EXP_POLY {
+        poly = simd.mul_add_f32s(poly, r, simd.splat_f32s(c));
+    }
+    let y = simd.add_f32s(simd.mul_add_f32s(poly, simd.mul_f32s(r, r), r), simd.splat_f32s(1.0));
+    // The low bits of `shifted` hold n (two's complement); n + 127 moved into the exponent field
+    // is 2ⁿ (−126 ≤ n ≤ 127 here), the rounding constant's own bits shifted out.
+    let biased = simd.add_u32s(simd.transmute_u32s_f32s(shifted), simd.splat_u32s(127));
+    let scale = simd.wrapping_dyn_shl_u32s(biased, simd.splat_u32s(23));
+    simd.mul_f32s(y, simd.transmute_f32s_u32s(scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed;
+        (0..len)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    struct ExpLanes<'a>(&'a mut [f32]);
+
+    impl WithSimd for ExpLanes<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, simd: S) {
+            let (body, tail) = S::as_mut_simd_f32s(self.0);
+            assert!(tail.is_empty(), "whole lanes only");
+            for v in body {
+                *v = exp_simd(simd, *v);
+            }
+        }
+    }
+
+    #[test]
+    fn simd_exp_follows_libm_on_every_family() {
+        // Every 1/1024 from −100 (below the smallest normal result) to +20, lane-aligned.
+        let inputs: Vec<f32> = (-102_400..20_480 + 32).map(|i| i as f32 / 1024.0).collect();
+        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
+            if !kernels.available() {
+                continue;
+            }
+            let mut out = inputs.clone();
+            let whole = out.len() - out.len() % 16;
+            kernels.dispatch(ExpLanes(&mut out[..whole]));
+            let mut worst = 0f64;
+            for (&x, &y) in inputs.iter().zip(&out[..whole]) {
+                let exact = f64::from(x.max(EXP_LOWEST)).exp();
+                worst = worst.max((f64::from(y) - exact).abs() / exact);
+            }
+            assert!(worst < 4e-7, "{kernels}: relative error {worst}");
+        }
+    }
+
+    /// Plain attention in f64 for one row: RoPE, scores over the visible keys, softmax, values.
+    fn reference(op: &AttentionOp<'_>, qkv: &[f32], row: usize) -> Vec<f32> {
+        let (hd, d, n) = (op.head_dim, op.heads * op.head_dim, op.lengths[row]);
+        let half = hd / 2;
+        let rope = |x: &[f32], t: usize| -> Vec<f64> {
+            let mut out = vec![0f64; hd];
+            for j in 0..half {
+                let (c, s) = (f64::from(op.cos[t * half + j]), f64::from(op.sin[t * half + j]));
+                out[j] = f64::from(x[j]) * c - f64::from(x[j + half]) * s;
+                out[j + half] = f64::from(x[j + half]) * c + f64::from(x[j]) * s;
+            }
+            out
+        };
+        let mut out = vec![0f32; op.len * d];
+        for h in 0..op.heads {
+            let at = |t: usize, part: usize| (row * op.len + t) * 3 * d + part * d + h * hd;
+            for i in 0..n {
+                let q = rope(&qkv[at(i, 0)..at(i, 0) + hd], i);
+                let visible: Vec<usize> = (0..n)
+                    .filter(|&j| op.half_window.is_none_or(|w| i.abs_diff(j) <= w))
+                    .collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| {
+                        let k = rope(&qkv[at(j, 1)..at(j, 1) + hd], j);
+                        q.iter().zip(&k).map(|(a, b)| a * b).sum()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for dim in 0..hd {
+                    let v: f64 = visible
+                        .iter()
+                        .zip(&weights)
+                        .map(|(&j, w)| w * f64::from(qkv[at(j, 2) + dim]))
+                        .sum();
+                    out[i * d + h * hd + dim] = (v / total) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
+        let (heads, head_dim, len) = (3, 40, 45);
+        let d = heads * head_dim;
+        let half = head_dim / 2;
+        let angles: Vec<f32> = (0..len * half)
+            .map(|i| (i / half) as f32 * 0.1 / (1 + i % half) as f32)
+            .collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        // Lengths: a full row, padded rows of one key and of a tile and a half, one longer than a panel.
+        let lengths = [45, 1, 9, 37];
+        let qkv = values(lengths.len() * len * 3 * d, 7);
+        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
+            if !kernels.available() {
+                continue;
+            }
+            for half_window in [None, Some(4), Some(20)] {
+                let op = AttentionOp {
+                    lengths: &lengths,
+                    len,
+                    heads,
+                    head_dim,
+                    cos: &cos,
+                    sin: &sin,
+                    half_window,
+                    kernels,
+                };
+                let layout = Layout::contiguous((lengths.len() * len, 3 * d));
+                let (CpuStorage::F32(out), shape) = op.cpu_fwd(&CpuStorage::F32(qkv.clone()), &layout)? else {
+                    panic!("attention returned another dtype")
+                };
+                assert_eq!(shape.dims(), [lengths.len() * len, d]);
+                for (row, &n) in lengths.iter().enumerate() {
+                    let expected = reference(&op, &qkv, row);
+                    let got = &out[row * len * d..(row + 1) * len * d];
+                    let worst = got
+                        .iter()
+                        .zip(&expected)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(
+                        worst < 2e-5,
+                        "{kernels} window {half_window:?} row {row} (length {n}): {worst}"
+                    );
+                    assert!(got[n * d..].iter().all(|&v| v == 0.0), "padded positions are zero");
+                }
+            }
+        }
+        Ok(())
     }
 }
