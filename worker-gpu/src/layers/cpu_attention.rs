@@ -11,7 +11,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, MR, TileCall};
+use crate::layers::cpu_matmul::{CpuKernels, MR, Prefetch, TileCall};
 
 /// The attention of one layer over a right-padded batch.
 pub(crate) struct AttentionOp<'a> {
@@ -155,6 +155,7 @@ impl AttentionOp<'_> {
                     out: &mut scores[panel * nr..],
                     stride: padded,
                     accumulate: false,
+                    prefetch: Prefetch::NONE,
                 };
                 self.kernels.tile(rows, nr, call);
             }
@@ -181,6 +182,7 @@ impl AttentionOp<'_> {
                     out: &mut out[first * value_panels * nr + panel * nr..],
                     stride: value_panels * nr,
                     accumulate: false,
+                    prefetch: Prefetch::NONE,
                 };
                 self.kernels.tile(rows, nr, call);
             }

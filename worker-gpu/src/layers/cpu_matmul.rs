@@ -226,6 +226,14 @@ impl PackedWeight {
     fn block(&self, packed_x: &[f32], m: usize, first: usize, count: usize, block: &mut [f32]) {
         let (k, nr) = (self.k, self.nr);
         let stride = count * nr;
+        let next = NextSlices {
+            panels: &self.panels,
+            panel_units: k,
+            unit: nr,
+            pass: KC,
+            count,
+            tiles: m.div_ceil(MR),
+        };
         let mut depth = 0;
         while depth < k {
             let kc = KC.min(k - depth);
@@ -240,6 +248,7 @@ impl PackedWeight {
                         out: &mut block[row * stride + p * nr..],
                         stride,
                         accumulate: depth > 0,
+                        prefetch: next.share(first + p, depth, tile),
                     };
                     self.run(rows, call);
                 }
@@ -281,6 +290,7 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
         out,
         stride,
         accumulate,
+        prefetch: _,
     } = call;
     for r in 0..rows {
         let dst = &mut out[r * stride..r * stride + nr];
@@ -400,6 +410,93 @@ pub(crate) fn panels_per_task(panels: usize) -> usize {
     panels.div_ceil(4 * threads).clamp(1, MAX_PANELS_PER_TASK)
 }
 
+/// The part of a weight's panels the next kernel calls read, requested into L2 while the current
+/// ones compute. A product of a few rows reads each weight once per forward, mostly from memory
+/// (the whole model does not fit any cache): the first row tile of every depth pass then ran at
+/// memory's pace (docs/benchmarks.md, "Streaming the weights"). Each call of a depth pass
+/// prefetches its row tile's share of the slice the same panel reads next: its next pass, or
+/// after its last the first pass of the panel `count` on (the pool's next task most often
+/// takes the next block of panels).
+pub(crate) struct NextSlices<'a, T> {
+    /// Every panel, `panel_units` depth units of `unit` elements each.
+    pub(crate) panels: &'a [T],
+    pub(crate) panel_units: usize,
+    pub(crate) unit: usize,
+    /// Depth units of one pass.
+    pub(crate) pass: usize,
+    /// Panels of the task.
+    pub(crate) count: usize,
+    /// Row tiles of a pass, which share the prefetching.
+    pub(crate) tiles: usize,
+}
+
+impl<'a, T> NextSlices<'a, T> {
+    /// Row tile `tile`'s share of what follows panel `panel`'s pass from `depth` (whole cache
+    /// lines; empty past the last panel).
+    pub(crate) fn share(&self, panel: usize, depth: usize, tile: usize) -> Prefetch<'a, T> {
+        let (next_panel, next_depth) = if depth + self.pass < self.panel_units {
+            (panel, depth + self.pass)
+        } else {
+            (panel + self.count, 0)
+        };
+        let start = (next_panel * self.panel_units + next_depth) * self.unit;
+        let len = self.pass.min(self.panel_units - next_depth) * self.unit;
+        let next = self.panels.get(start..start + len).unwrap_or(&[]);
+        let line = (64 / size_of::<T>()).max(1);
+        let share = next.len().div_ceil(line).div_ceil(self.tiles.max(1)) * line;
+        Prefetch {
+            data: next
+                .get((tile * share).min(next.len())..((tile + 1) * share).min(next.len()))
+                .unwrap_or(&[]),
+            per_step: 0,
+        }
+    }
+}
+
+/// Data a kernel call requests into L2 over its depth steps, a few cache lines per step.
+#[derive(Clone, Copy)]
+pub(crate) struct Prefetch<'a, T> {
+    data: &'a [T],
+    per_step: usize,
+}
+
+impl<'a, T> Prefetch<'a, T> {
+    /// Nothing to prefetch.
+    pub(crate) const NONE: Self = Prefetch { data: &[], per_step: 0 };
+
+    /// Spread over `steps` steps (computed once: a division per step would cost as much as the
+    /// step's arithmetic).
+    #[inline(always)]
+    pub(crate) fn over(self, steps: usize) -> Self {
+        let line = (64 / size_of::<T>()).max(1);
+        Self {
+            per_step: self.data.len().div_ceil(line).div_ceil(steps.max(1)) * line,
+            ..self
+        }
+    }
+
+    /// Requests step `step`'s lines into L2: a hint, which reads nothing into the program and
+    /// cannot fault.
+    #[inline(always)]
+    #[allow(unsafe_code)] // the one intrinsic outside the kernels' modules; SAFETY below
+    pub(crate) fn step(&self, step: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+            let line = (64 / size_of::<T>()).max(1);
+            let mut at = step * self.per_step;
+            while at < ((step + 1) * self.per_step).min(self.data.len()) {
+                // SAFETY: SSE, the instruction's feature, is part of the x86-64 baseline; the
+                // pointer is into `data`, and a prefetch neither reads into the program nor faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(std::ptr::from_ref(&self.data[at]).cast::<i8>()) };
+                at += line;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = step;
+    }
+}
+
 /// `x` `[m, k]` as row tiles of `MR`: tile `t` holds, for each depth, its `MR` values (zero past `m`).
 pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     let tiles = m.div_ceil(MR);
@@ -426,6 +523,8 @@ pub(crate) struct TileCall<'a> {
     pub(crate) out: &'a mut [f32],
     pub(crate) stride: usize,
     pub(crate) accumulate: bool,
+    /// Weights to request into L2 during the call ([`NextSlices`]).
+    pub(crate) prefetch: Prefetch<'a, f32>,
 }
 
 /// The SIMD tile for `rows` rows (x86-64 only: elsewhere the CPU path is candle's, and the
@@ -459,6 +558,7 @@ impl<const R: usize> WithSimd for Tile<'_, R> {
             out,
             stride,
             accumulate,
+            prefetch,
         } = self.0;
         let lanes = S::F32_LANES;
         let (weights, _) = S::as_simd_f32s(panel);
@@ -470,7 +570,9 @@ impl<const R: usize> WithSimd for Tile<'_, R> {
                 *acc = [held[0], held[1]];
             }
         }
-        for (w, a) in weights.chunks_exact(2).zip(x.chunks_exact(MR)) {
+        let prefetch = prefetch.over(x.len() / MR);
+        for (i, (w, a)) in weights.chunks_exact(2).zip(x.chunks_exact(MR)).enumerate() {
+            prefetch.step(i);
             let (w0, w1) = (w[0], w[1]);
             for r in 0..R {
                 let v = simd.splat_f32s(a[r]);

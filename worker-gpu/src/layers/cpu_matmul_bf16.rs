@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuWeight, bias_rows, in_column_blocks};
+use crate::layers::cpu_matmul::{CpuWeight, NextSlices, Prefetch, bias_rows, in_column_blocks};
 
 /// Columns per packed panel: two AVX-512 registers of f32 sums.
 const NR: usize = 32;
@@ -147,6 +147,14 @@ impl Bf16Weight {
         let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
+        let next = NextSlices {
+            panels: &self.panels,
+            panel_units: pairs,
+            unit: 2 * NR,
+            pass: KC,
+            count,
+            tiles: m.div_ceil(MR),
+        };
         let mut depth = 0;
         while depth < pairs {
             let kc = KC.min(pairs - depth);
@@ -161,6 +169,7 @@ impl Bf16Weight {
                         out: &mut block[row * stride + p * NR..],
                         stride,
                         accumulate: depth > 0,
+                        prefetch: next.share(first + p, depth, tile),
                     };
                     #[cfg(target_arch = "x86_64")]
                     if let Some(simd) = simd {
@@ -184,6 +193,8 @@ struct Bf16TileCall<'a> {
     out: &'a mut [f32],
     stride: usize,
     accumulate: bool,
+    /// Weights to request into L2 during the call ([`NextSlices`]).
+    prefetch: Prefetch<'a, u16>,
 }
 
 /// The tile in portable code (the same products in f32; the sums may differ from `vdpbf16ps` in
@@ -195,6 +206,7 @@ fn scalar_tile(rows: usize, call: Bf16TileCall<'_>) {
         out,
         stride,
         accumulate,
+        prefetch: _,
     } = call;
     for r in 0..rows {
         let dst = &mut out[r * stride..r * stride + NR];
@@ -314,6 +326,7 @@ mod bf16dp {
             out,
             stride,
             accumulate,
+            prefetch,
         } = call;
         const { assert!(R >= 1 && R <= MR && NR == 32) };
         // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
@@ -326,7 +339,9 @@ mod bf16dp {
                 *acc = unsafe { [_mm512_loadu_ps(held.as_ptr()), _mm512_loadu_ps(held[16..].as_ptr())] };
             }
         }
-        for (w, a) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(MR)) {
+        let prefetch = prefetch.over(panel.len() / (2 * NR));
+        for (i, (w, a)) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(MR)).enumerate() {
+            prefetch.step(i);
             // SAFETY: `w` is 64 u16 = two 64-byte vectors; `loadu` needs no alignment.
             let (w0, w1) = unsafe {
                 (

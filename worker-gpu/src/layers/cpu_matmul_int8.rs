@@ -44,7 +44,9 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, CpuWeight, bias_rows, in_column_blocks, with_reused};
+use crate::layers::cpu_matmul::{
+    CpuKernels, CpuWeight, NextSlices, Prefetch, bias_rows, in_column_blocks, with_reused,
+};
 
 /// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
 const NR: usize = 16;
@@ -692,13 +694,14 @@ impl QuantizedWeight {
         let simd = self.quad_simd(portable);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        let slice = |panel: usize, depth: usize| -> &[i8] {
-            let start = panel * quads * 4 * NR_Q;
-            panels
-                .get(start + depth * 4 * NR_Q..start + (depth + KC_Q.min(quads - depth)) * 4 * NR_Q)
-                .unwrap_or(&[])
+        let next = NextSlices {
+            panels,
+            panel_units: quads,
+            unit: 4 * NR_Q,
+            pass: KC_Q,
+            count,
+            tiles: rows.div_ceil(MR_Q),
         };
-        let tiles = rows.div_ceil(MR_Q);
         let mut depth = 0;
         while depth < quads {
             let kc = KC_Q.min(quads - depth);
@@ -707,23 +710,13 @@ impl QuantizedWeight {
                 let x = &packed_x[(tile * quads + depth) * MR_Q..(tile * quads + depth + kc) * MR_Q];
                 for p in 0..count {
                     let start = (first + p) * quads * 4 * NR_Q;
-                    // Read after this depth pass: the panel's next pass, or after its last the
-                    // panel `count` on (the pool's next task is most often the next block).
-                    let next = if depth + kc < quads {
-                        slice(first + p, depth + kc)
-                    } else {
-                        slice(first + count + p, 0)
-                    };
-                    let share = next.len().div_ceil(64).div_ceil(tiles) * 64;
                     let call = QuadTileCall {
                         x,
                         panel: &panels[start + depth * 4 * NR_Q..start + (depth + kc) * 4 * NR_Q],
                         out: &mut sums[row * stride + p * NR_Q..],
                         stride,
                         accumulate: depth > 0,
-                        prefetch: next
-                            .get((tile * share).min(next.len())..((tile + 1) * share).min(next.len()))
-                            .unwrap_or(&[]),
+                        prefetch: next.share(first + p, depth, tile),
                     };
                     #[cfg(target_arch = "x86_64")]
                     match simd {
@@ -1035,10 +1028,8 @@ struct QuadTileCall<'a> {
     out: &'a mut [i32],
     stride: usize,
     accumulate: bool,
-    /// Weight bytes to request into L2 during the call (spread over its depth quads): its share
-    /// of the panel slice read next, which otherwise comes from memory at the first row tile's
-    /// pace (docs/benchmarks.md, "Streaming the weights"). Empty: none.
-    prefetch: &'a [i8],
+    /// Weights to request into L2 during the call ([`NextSlices`]).
+    prefetch: Prefetch<'a, i8>,
 }
 
 /// The SIMD code a quad-layout weight runs, one of the two proofs that the CPU has its VNNI: the
@@ -1120,9 +1111,9 @@ mod vnni {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m256, __m512, __m512i, _CMP_GT_OQ, _CMP_UNORD_Q, _MM_HINT_T1, _mm_cvtsi32_si128, _mm_prefetch, _mm256_add_ps,
-        _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps,
-        _mm512_abs_ps, _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi64,
+        __m256, __m512, __m512i, _CMP_GT_OQ, _CMP_UNORD_Q, _mm_cvtsi32_si128, _mm256_add_ps, _mm256_fmadd_ps,
+        _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_storeu_ps, _mm512_abs_ps,
+        _mm512_add_epi64, _mm512_add_ps, _mm512_and_si512, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi64,
         _mm512_cvtepi32_ps, _mm512_cvtepi64_ps, _mm512_cvtps_epi32, _mm512_dpbusd_epi32, _mm512_fmadd_ps,
         _mm512_loadu_si512, _mm512_mask_cmp_ps_mask, _mm512_mask_cvtepi32_storeu_epi8, _mm512_mask_max_ps,
         _mm512_mask_min_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_min_ps, _mm512_mul_epi32, _mm512_mul_ps,
@@ -1446,8 +1437,7 @@ mod vnni {
             accumulate,
             prefetch,
         } = call;
-        let quads = panel.len() / (4 * NR_Q);
-        let lines_per_quad = prefetch.len().div_ceil(64).div_ceil(quads.max(1));
+        let prefetch = prefetch.over(panel.len() / (4 * NR_Q));
         const { assert!(R >= 1 && R <= MR_Q && NR_Q == 32) };
         // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
         assert!(out.len() >= (R - 1) * stride + NR_Q, "quad tile output too short");
@@ -1465,12 +1455,7 @@ mod vnni {
             }
         }
         for (i, (w, a)) in panel.chunks_exact(4 * NR_Q).zip(x.chunks_exact(MR_Q)).enumerate() {
-            for line in i * lines_per_quad..(i + 1) * lines_per_quad {
-                if let Some(byte) = prefetch.get(line * 64) {
-                    // A hint: it reads nothing into the program and cannot fault.
-                    _mm_prefetch::<_MM_HINT_T1>(std::ptr::from_ref(byte));
-                }
-            }
+            prefetch.step(i);
             // SAFETY: `w` is 128 bytes = two 64-byte vectors; `loadu` needs no alignment.
             let (w0, w1) = unsafe {
                 (
@@ -1506,16 +1491,16 @@ mod avx_vnni {
     #![allow(unsafe_code)]
 
     use std::arch::x86_64::{
-        __m128i, __m256, __m256i, _CMP_UNORD_Q, _MM_HINT_T1, _mm_add_ps, _mm_fmadd_ps, _mm_loadu_ps, _mm_loadu_si128,
-        _mm_mul_ps, _mm_prefetch, _mm_set1_ps, _mm_storel_epi64, _mm_storeu_ps, _mm256_add_pd, _mm256_add_ps,
-        _mm256_and_si256, _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cvtepi32_pd, _mm256_cvtpd_ps,
-        _mm256_cvtps_epi32, _mm256_dpbusd_avx_epi32, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_ps, _mm256_min_ps,
-        _mm256_movemask_ps, _mm256_mul_pd, _mm256_mul_ps, _mm256_or_ps, _mm256_permutevar8x32_epi32, _mm256_set1_epi32,
-        _mm256_set1_pd, _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_setzero_si256,
+        __m128i, __m256, __m256i, _CMP_UNORD_Q, _mm_add_ps, _mm_fmadd_ps, _mm_loadu_ps, _mm_loadu_si128, _mm_mul_ps,
+        _mm_set1_ps, _mm_storel_epi64, _mm_storeu_ps, _mm256_add_pd, _mm256_add_ps, _mm256_and_si256,
+        _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cvtepi32_pd, _mm256_cvtpd_ps, _mm256_cvtps_epi32,
+        _mm256_dpbusd_avx_epi32, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_max_ps, _mm256_min_ps, _mm256_movemask_ps,
+        _mm256_mul_pd, _mm256_mul_ps, _mm256_or_ps, _mm256_permutevar8x32_epi32, _mm256_set1_epi32, _mm256_set1_pd,
+        _mm256_set1_ps, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_setzero_si256,
         _mm256_shuffle_epi8, _mm256_srli_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_pd,
     };
 
-    use super::{Combine, MR_Q, NR_Q, QuadTileCall, RowQuant, round_small, row_levels};
+    use super::{Combine, MR_Q, NR_Q, Prefetch, QuadTileCall, RowQuant, round_small, row_levels};
 
     /// Plane rows per register block: four accumulators (32 columns) each, 12 of the 16 ymm
     /// registers, and one for each row's broadcast activation quad; the weights are read from
@@ -1577,7 +1562,7 @@ mod avx_vnni {
                     stride,
                     accumulate,
                     // The call's prefetch once, with its first block.
-                    prefetch: if first == 0 { prefetch } else { &[] },
+                    prefetch: if first == 0 { prefetch } else { Prefetch::NONE },
                 };
                 // SAFETY: an `AvxVnni` exists only where `try_new` detected every feature
                 // `block_rows` is compiled for.
@@ -1774,8 +1759,7 @@ mod avx_vnni {
             accumulate,
             prefetch,
         } = block;
-        let quads = panel.len() / (4 * NR_Q);
-        let lines_per_quad = prefetch.len().div_ceil(64).div_ceil(quads.max(1));
+        let prefetch = prefetch.over(panel.len() / (4 * NR_Q));
         const { assert!(R >= 1 && R <= MR_Q && NR_Q == 32) };
         assert!(first + R <= MR_Q, "block past the tile's rows");
         // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
@@ -1792,12 +1776,7 @@ mod avx_vnni {
             }
         }
         for (i, (w, a)) in panel.chunks_exact(4 * NR_Q).zip(x.chunks_exact(MR_Q)).enumerate() {
-            for line in i * lines_per_quad..(i + 1) * lines_per_quad {
-                if let Some(byte) = prefetch.get(line * 64) {
-                    // A hint: it reads nothing into the program and cannot fault.
-                    _mm_prefetch::<_MM_HINT_T1>(std::ptr::from_ref(byte));
-                }
-            }
+            prefetch.step(i);
             let words: [__m256i; R] = std::array::from_fn(|r| _mm256_set1_epi32(a[first + r] as i32));
             for j in 0..4 {
                 // SAFETY: `w` is 128 bytes; quarter `j` is 32 of them; `loadu` needs no alignment.
