@@ -132,8 +132,8 @@ impl AttentionOp<'_> {
             for (depth, &k) in rotated.iter().enumerate() {
                 keys[(panel * hd + depth) * nr + lane] = k;
             }
-            for (dim, &v) in qkv[at + 2 * d..at + 2 * d + hd].iter().enumerate() {
-                values[((dim / nr) * n + t) * nr + dim % nr] = v;
+            for (panel, v) in qkv[at + 2 * d..at + 2 * d + hd].chunks(nr).enumerate() {
+                values[(panel * n + t) * nr..][..v.len()].copy_from_slice(v);
             }
         }
         let mut scores = vec![0f32; MR * padded];
@@ -203,9 +203,12 @@ impl AttentionOp<'_> {
         let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
         let (x1, x2) = x.split_at(half);
         let (o1, o2) = out.split_at_mut(half);
-        for j in 0..half {
-            o1[j] = x1[j] * cos[j] - x2[j] * sin[j];
-            o2[j] = x2[j] * cos[j] + x1[j] * sin[j];
+        // Zipped, not indexed: without bounds checks the compiler vectorises both halves.
+        for (((o, &a), &b), (&c, &s)) in o1.iter_mut().zip(x1).zip(x2).zip(cos.iter().zip(sin)) {
+            *o = a * c - b * s;
+        }
+        for (((o, &a), &b), (&c, &s)) in o2.iter_mut().zip(x2).zip(x1).zip(cos.iter().zip(sin)) {
+            *o = a * c + b * s;
         }
     }
 }
