@@ -1,8 +1,8 @@
 //! One encoder layer's attention on the CPU in float32 as a single op: the fused q/k/v projection
 //! in, RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out.
 //!
-//! Each (row, head) is one task on the rayon pool, using `cpu_matmul`'s micro-kernels for q·kᵀ and
-//! p·v; a sliding-window layer computes only the key panels its window reaches. The composed candle
+//! Each (row, head) is one task on the rayon pool, with a micro-kernel like `cpu_matmul`'s that reads
+//! its rows in place for q·kᵀ and p·v; a sliding-window layer computes only the key panels its window reaches. The composed candle
 //! version materialises and copies every intermediate and syncs its thread pool per op (about 20
 //! per layer). Padded positions neither attend nor are attended to; their outputs are zero.
 
@@ -11,7 +11,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-use crate::layers::cpu_matmul::{CpuKernels, MR, Prefetch, TileCall};
+use crate::layers::cpu_matmul::{CpuKernels, MR};
 
 /// The attention of one layer over a right-padded batch.
 pub(crate) struct AttentionOp<'a> {
@@ -113,20 +113,15 @@ impl AttentionOp<'_> {
         let key_panels = n.div_ceil(nr);
         let value_panels = hd.div_ceil(nr);
         let padded = key_panels * nr;
-        // q rows with RoPE as row tiles of `MR` (`pack_rows`' layout: per depth, the tile's `MR`
-        // values); keys with RoPE as panels (nr keys per depth); values as panels (nr dimensions
-        // per key). Zero past `n` and `hd`.
-        let mut q = vec![0f32; n.div_ceil(MR) * hd * MR];
+        // q rows with RoPE, row-major (the products read them in place); keys with RoPE as panels
+        // (nr keys per depth); values as panels (nr dimensions per key). Zero past `n` and `hd`.
+        let mut q = vec![0f32; n * hd];
         let mut keys = vec![0f32; key_panels * hd * nr];
         let mut values = vec![0f32; value_panels * n * nr];
         let mut rotated = vec![0f32; hd];
         for t in 0..n {
             let at = (row * self.len + t) * 3 * d + head * hd;
-            self.rotate(&qkv[at..at + hd], t, &mut rotated);
-            let (tile, lane) = (t / MR, t % MR);
-            for (depth, &v) in rotated.iter().enumerate() {
-                q[(tile * hd + depth) * MR + lane] = v;
-            }
+            self.rotate(&qkv[at..at + hd], t, &mut q[t * hd..(t + 1) * hd]);
             self.rotate(&qkv[at + d..at + d + hd], t, &mut rotated);
             let (panel, lane) = (t / nr, t % nr);
             for (depth, &k) in rotated.iter().enumerate() {
@@ -137,11 +132,8 @@ impl AttentionOp<'_> {
             }
         }
         let mut scores = vec![0f32; MR * padded];
-        // The tile's probabilities packed as kernel rows (`MR` per key); rows past the tile's
-        // height keep stale values the kernel never reads.
-        let mut p = vec![0f32; n * MR];
         let mut out = vec![0f32; n * value_panels * nr];
-        for (tile, first) in (0..n).step_by(MR).enumerate() {
+        for first in (0..n).step_by(MR) {
             let rows = MR.min(n - first);
             // Keys any row of the tile may see.
             let (lo, hi) = match self.half_window {
@@ -149,15 +141,15 @@ impl AttentionOp<'_> {
                 None => (0, n),
             };
             for panel in lo / nr..hi.div_ceil(nr) {
-                let call = TileCall {
-                    x: &q[tile * hd * MR..(tile + 1) * hd * MR],
+                let product = RowsProduct {
+                    x: &q[first * hd..],
+                    x_stride: hd,
+                    depth: hd,
                     panel: &keys[panel * hd * nr..(panel + 1) * hd * nr],
                     out: &mut scores[panel * nr..],
                     stride: padded,
-                    accumulate: false,
-                    prefetch: Prefetch::NONE,
                 };
-                self.kernels.tile(rows, nr, call);
+                product.run(simd, rows, nr);
             }
             // Softmax over each row's own keys; zero elsewhere inside the tile's key range.
             for r in 0..rows {
@@ -170,21 +162,18 @@ impl AttentionOp<'_> {
                 softmax(simd, &mut line[from..to]);
                 line[lo..from].fill(0.0);
                 line[to..hi].fill(0.0);
-                for (j, &s) in line[lo..hi].iter().enumerate() {
-                    p[j * MR + r] = s;
-                }
             }
-            // p · v over the tile's key range.
+            // p · v over the tile's key range, the probabilities read in place.
             for panel in 0..value_panels {
-                let call = TileCall {
-                    x: &p[..(hi - lo) * MR],
+                let product = RowsProduct {
+                    x: &scores[lo..],
+                    x_stride: padded,
+                    depth: hi - lo,
                     panel: &values[(panel * n + lo) * nr..(panel * n + hi) * nr],
                     out: &mut out[first * value_panels * nr + panel * nr..],
                     stride: value_panels * nr,
-                    accumulate: false,
-                    prefetch: Prefetch::NONE,
                 };
-                self.kernels.tile(rows, nr, call);
+                product.run(simd, rows, nr);
             }
         }
         if value_panels * nr == hd {
@@ -209,6 +198,88 @@ impl AttentionOp<'_> {
         }
         for (((o, &a), &b), (&c, &s)) in o2.iter_mut().zip(x2).zip(x1).zip(cos.iter().zip(sin)) {
             *o = a * c + b * s;
+        }
+    }
+}
+
+/// One product of the attention: up to `MR` rows read in place, row `r`'s value at depth `d` at
+/// `x[r·x_stride + d]` (q rows, or a tile's probabilities), times one panel (`nr` columns per
+/// depth) into `out` (rows `stride` apart, `nr` values each). The weight products' tile reads
+/// rows packed first instead; packing these few rows, one scattered store per value, took as
+/// long as the product. Same multiply-adds in the same order as that tile.
+struct RowsProduct<'a> {
+    x: &'a [f32],
+    x_stride: usize,
+    depth: usize,
+    panel: &'a [f32],
+    out: &'a mut [f32],
+    stride: usize,
+}
+
+impl RowsProduct<'_> {
+    #[inline(always)]
+    fn run<S: Simd>(self, simd: S, rows: usize, nr: usize) {
+        if nr != 2 * S::F32_LANES {
+            // Not this family's registers (a CPU without it: the engine refuses that at load).
+            return self.scalar(rows, nr);
+        }
+        match rows {
+            6 => simd.vectorize(RowsTile::<6>(self)),
+            5 => simd.vectorize(RowsTile::<5>(self)),
+            4 => simd.vectorize(RowsTile::<4>(self)),
+            3 => simd.vectorize(RowsTile::<3>(self)),
+            2 => simd.vectorize(RowsTile::<2>(self)),
+            _ => simd.vectorize(RowsTile::<1>(self)),
+        }
+    }
+
+    fn scalar(self, rows: usize, nr: usize) {
+        for r in 0..rows {
+            let x = &self.x[r * self.x_stride..r * self.x_stride + self.depth];
+            let dst = &mut self.out[r * self.stride..r * self.stride + nr];
+            dst.fill(0.0);
+            for (w, &a) in self.panel.chunks_exact(nr).zip(x) {
+                for (o, &w) in dst.iter_mut().zip(w) {
+                    *o = a.mul_add(w, *o);
+                }
+            }
+        }
+    }
+}
+
+/// [`RowsProduct`] for `R` rows: `R × 2` accumulator registers, as `cpu_matmul`'s tile.
+struct RowsTile<'a, const R: usize>(RowsProduct<'a>);
+
+impl<const R: usize> WithSimd for RowsTile<'_, R> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let RowsProduct {
+            x,
+            x_stride,
+            depth,
+            panel,
+            out,
+            stride,
+        } = self.0;
+        const { assert!(R >= 1 && R <= MR) };
+        let lanes = S::F32_LANES;
+        let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * x_stride..r * x_stride + depth]);
+        let (weights, _) = S::as_simd_f32s(&panel[..depth * 2 * lanes]);
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; 2]; R];
+        for (d, w) in weights.chunks_exact(2).enumerate() {
+            for r in 0..R {
+                let v = simd.splat_f32s(rows[r][d]);
+                acc[r][0] = simd.mul_add_f32s(v, w[0], acc[r][0]);
+                acc[r][1] = simd.mul_add_f32s(v, w[1], acc[r][1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let (dst, _) = S::as_mut_simd_f32s(&mut out[r * stride..r * stride + 2 * lanes]);
+            dst[0] = acc[0];
+            dst[1] = acc[1];
         }
     }
 }
@@ -333,6 +404,53 @@ mod tests {
                 worst = worst.max((f64::from(y) - exact).abs() / exact);
             }
             assert!(worst < 4e-7, "{kernels}: relative error {worst}");
+        }
+    }
+
+    struct RowsRun<'a>(RowsProduct<'a>, usize);
+
+    impl WithSimd for RowsRun<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, simd: S) {
+            self.0.run(simd, self.1, 2 * S::F32_LANES);
+        }
+    }
+
+    #[test]
+    fn the_in_place_rows_tile_equals_its_portable_loop() {
+        // Rows 9 apart over a depth of 7, every row count up to MR, both families' panel widths.
+        let x = values(9 * MR, 3);
+        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
+            if !kernels.available() {
+                continue;
+            }
+            let nr = kernels.panel_width();
+            let panel = values(7 * nr, 4);
+            for rows in 1..=MR {
+                fn product<'a>(x: &'a [f32], panel: &'a [f32], out: &'a mut [f32], nr: usize) -> RowsProduct<'a> {
+                    RowsProduct {
+                        x,
+                        x_stride: 9,
+                        depth: 7,
+                        panel,
+                        out,
+                        stride: nr + 3,
+                    }
+                }
+                let (mut simd, mut portable) = (vec![1f32; MR * (nr + 3)], vec![1f32; MR * (nr + 3)]);
+                kernels.dispatch(RowsRun(product(&x, &panel, &mut simd, nr), rows));
+                product(&x, &panel, &mut portable, nr).scalar(rows, nr);
+                assert!(
+                    simd.iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kernels} rows {rows}"
+                );
+                assert!(
+                    simd[rows * (nr + 3)..].iter().all(|&v| v == 1.0),
+                    "rows past {rows} untouched"
+                );
+            }
         }
     }
 
