@@ -1,10 +1,10 @@
-//! Fused float32 CPU kernels for the elementwise hot spots of a forward — LayerNorm and GeGLU —
-//! each one pass over rows on the calling rayon pool. candle would spend 2–10 separate elementwise
+//! Fused float32 CPU kernels for the elementwise hot spots of a forward — LayerNorm, GeGLU and the
+//! residual adds — each one pass over rows on the calling rayon pool. candle would spend 2–10 separate elementwise
 //! ops on each, every one a sync of its own thread pool; other devices use the composed ops.
 //! GeGLU runs SIMD (AVX-512 or AVX2, chosen at run time by `pulp`) with a rational erf.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
@@ -109,6 +109,49 @@ impl WithSimd for LayerNormRow<'_> {
         for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(weight).zip(bias) {
             *o = (v - mean) * inv_std * w + b;
         }
+    }
+}
+
+/// `a + b` for two f32 tensors of one shape (a residual add), rows in parallel on the pool. candle's
+/// add (built at opt-level 1, through its broadcasting and its own thread pool) took ~2% of an
+/// int8 forward; the sums are the same IEEE additions.
+pub(crate) struct AddOp;
+
+/// Fewest values one task of [`AddOp`] adds.
+const ADD_PER_TASK: usize = 1 << 17;
+
+impl CustomOp2 for AddOp {
+    fn name(&self) -> &'static str {
+        "laya-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        a: &CpuStorage,
+        a_layout: &Layout,
+        b: &CpuStorage,
+        b_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        if a_layout.shape() != b_layout.shape() {
+            candle_core::bail!("add: shapes {:?} and {:?} differ", a_layout.shape(), b_layout.shape())
+        }
+        let (a, b) = (
+            contiguous(a, a_layout, "add input")?,
+            contiguous(b, b_layout, "add input")?,
+        );
+        let row = a_layout.dims().last().copied().unwrap_or(1).max(1);
+        let mut out = vec![0f32; a.len()];
+        // At least ADD_PER_TASK values a task: one 64-token row's add (~10 µs) runs on the calling
+        // thread, where waking the pool for it made the forward slower.
+        out.par_chunks_mut(row)
+            .zip(a.par_chunks(row).zip(b.par_chunks(row)))
+            .with_min_len(ADD_PER_TASK.div_ceil(row))
+            .for_each(|(out, (a, b))| {
+                for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+                    *o = a + b;
+                }
+            });
+        Ok((CpuStorage::F32(out), a_layout.shape().clone()))
     }
 }
 
@@ -247,6 +290,22 @@ mod tests {
             .broadcast_add(&bias)?;
         let diff = max_abs_diff(&fused, &reference);
         assert!(diff < 1e-4, "{diff}");
+        Ok(())
+    }
+
+    #[test]
+    fn add_matches_candle_and_refuses_other_shapes() -> candle_core::Result<()> {
+        let a = Tensor::randn(0f32, 1.0, (3, 5, 7), &Device::Cpu)?;
+        let b = Tensor::randn(0f32, 1.0, (3, 5, 7), &Device::Cpu)?;
+        let fused = a.apply_op2_no_bwd(&b, &AddOp)?;
+        assert_eq!(fused.dims(), [3, 5, 7]);
+        assert_eq!(max_abs_diff(&fused, &(&a + &b)?), 0.0);
+        let other = Tensor::zeros((3, 35), candle_core::DType::F32, &Device::Cpu)?;
+        let refused = a
+            .apply_op2_no_bwd(&other, &AddOp)
+            .map(|_| ())
+            .expect_err("shapes differ");
+        assert!(refused.to_string().contains("differ"), "{refused}");
         Ok(())
     }
 

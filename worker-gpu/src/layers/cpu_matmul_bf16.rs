@@ -158,6 +158,7 @@ impl Bf16Weight {
         let mut depth = 0;
         while depth < pairs {
             let kc = KC.min(pairs - depth);
+            let prefetch = next.pass(depth, kc);
             for (tile, row) in (0..m).step_by(MR).enumerate() {
                 let rows = MR.min(m - row);
                 let x = &packed_x[(tile * pairs + depth) * MR..(tile * pairs + depth + kc) * MR];
@@ -169,7 +170,7 @@ impl Bf16Weight {
                         out: &mut block[row * stride + p * NR..],
                         stride,
                         accumulate: depth > 0,
-                        prefetch: next.share(first + p, depth, tile),
+                        prefetch: prefetch.share(first + p, tile),
                     };
                     #[cfg(target_arch = "x86_64")]
                     if let Some(simd) = simd {
@@ -339,7 +340,6 @@ mod bf16dp {
                 *acc = unsafe { [_mm512_loadu_ps(held.as_ptr()), _mm512_loadu_ps(held[16..].as_ptr())] };
             }
         }
-        let prefetch = prefetch.over(panel.len() / (2 * NR));
         for (i, (w, a)) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(MR)).enumerate() {
             prefetch.step(i);
             // SAFETY: `w` is 64 u16 = two 64-byte vectors; `loadu` needs no alignment.

@@ -705,6 +705,7 @@ impl QuantizedWeight {
         let mut depth = 0;
         while depth < quads {
             let kc = KC_Q.min(quads - depth);
+            let prefetch = next.pass(depth, kc);
             for (tile, row) in (0..rows).step_by(MR_Q).enumerate() {
                 let height = MR_Q.min(rows - row);
                 let x = &packed_x[(tile * quads + depth) * MR_Q..(tile * quads + depth + kc) * MR_Q];
@@ -716,7 +717,7 @@ impl QuantizedWeight {
                         out: &mut sums[row * stride + p * NR_Q..],
                         stride,
                         accumulate: depth > 0,
-                        prefetch: next.share(first + p, depth, tile),
+                        prefetch: prefetch.share(first + p, tile),
                     };
                     #[cfg(target_arch = "x86_64")]
                     match simd {
@@ -1465,7 +1466,6 @@ mod vnni {
             accumulate,
             prefetch,
         } = call;
-        let prefetch = prefetch.over(panel.len() / (4 * NR_Q));
         const { assert!(R >= 1 && R <= MR_Q && NR_Q == 32) };
         // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
         assert!(out.len() >= (R - 1) * stride + NR_Q, "quad tile output too short");
@@ -1787,7 +1787,6 @@ mod avx_vnni {
             accumulate,
             prefetch,
         } = block;
-        let prefetch = prefetch.over(panel.len() / (4 * NR_Q));
         const { assert!(R >= 1 && R <= MR_Q && NR_Q == 32) };
         assert!(first + R <= MR_Q, "block past the tile's rows");
         // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.

@@ -10,7 +10,7 @@ use laya::config::{EncoderConfig, LayerType};
 use crate::error::LoadError;
 use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
-use crate::layers::cpu_kernels::GeGluOp;
+use crate::layers::cpu_kernels::{AddOp, GeGluOp};
 use crate::layers::cpu_matmul::CpuKernels;
 use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel};
 use crate::layers::linear::Linear;
@@ -284,7 +284,7 @@ impl Encoder {
                 merge_heads(&attended)?
             }
         };
-        let x = (x + layer.wo.forward(&merged)?.to_dtype(DType::F32)?)?;
+        let x = residual(x, &layer.wo.forward(&merged)?.to_dtype(DType::F32)?)?;
         let projected = layer.wi.forward(&layer.mlp_norm.forward(&x)?)?;
         let activated = if projected.device().is_cpu() && projected.dtype() == DType::F32 {
             projected.apply_op1_no_bwd(&GeGluOp(self.kernels))?
@@ -292,6 +292,15 @@ impl Encoder {
             let input = projected.narrow(1, 0, self.intermediate)?;
             (input.gelu_erf()? * projected.narrow(1, self.intermediate, self.intermediate)?)?
         };
-        x + layer.mlp_wo.forward(&activated)?.to_dtype(DType::F32)?
+        residual(&x, &layer.mlp_wo.forward(&activated)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// `x + y` (f32): the fused add on the CPU, candle's elsewhere.
+fn residual(x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+    if x.device().is_cpu() && x.dtype() == DType::F32 && y.dtype() == DType::F32 {
+        x.contiguous()?.apply_op2_no_bwd(&y.contiguous()?, &AddOp)
+    } else {
+        x + y
     }
 }
