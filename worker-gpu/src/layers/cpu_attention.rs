@@ -1,10 +1,10 @@
 //! One encoder layer's attention on the CPU in float32 as a single op: the fused q/k/v projection
 //! in, RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out.
 //!
-//! Each (row, head) is one task on the rayon pool, with a micro-kernel like `cpu_matmul`'s that reads
-//! its rows in place for q·kᵀ and p·v; a sliding-window layer computes only the key panels its window reaches. The composed candle
-//! version materialises and copies every intermediate and syncs its thread pool per op (about 20
-//! per layer). Padded positions neither attend nor are attended to; their outputs are zero.
+//! Each (row, head) is one task on the rayon pool, with a micro-kernel like `cpu_matmul`'s that
+//! reads its rows in place for q·kᵀ and p·v; a sliding-window layer computes only the key panels
+//! its window reaches. The composed candle version materialises and copies every intermediate and
+//! syncs its thread pool per op (about 20 per layer). Padded positions neither attend nor are attended to; their outputs are zero.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
