@@ -11,6 +11,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
+use crate::layers::cpu_kernels::fill_rows;
 use crate::layers::cpu_matmul::{CpuKernels, MR};
 
 /// The attention of one layer over a right-padded batch.
@@ -60,26 +61,27 @@ impl CustomOp1 for AttentionOp<'_> {
         {
             candle_core::bail!("attention: lengths or RoPE tables do not cover {} positions", self.len)
         }
-        let heads: Vec<(usize, usize, Vec<f32>)> = (0..rows * self.heads)
+        let heads: Vec<Vec<f32>> = (0..rows * self.heads)
             .into_par_iter()
             .map(|task| {
                 let (row, head) = (task / self.heads, task % self.heads);
-                let values = self.kernels.dispatch(HeadTask {
+                self.kernels.dispatch(HeadTask {
                     op: self,
                     qkv,
                     row,
                     head,
-                });
-                (row, head, values)
+                })
             })
             .collect();
-        let mut out = vec![0f32; rows * self.len * d];
-        for (row, head, values) in heads {
-            for (t, v) in values.chunks_exact(self.head_dim).enumerate() {
-                let at = (row * self.len + t) * d + head * self.head_dim;
-                out[at..at + self.head_dim].copy_from_slice(v);
+        // Each row's heads merged in parallel; padded positions stay zero.
+        let out = fill_rows(rows, self.len * d, 1, |row, dst| {
+            for (head, values) in heads[row * self.heads..(row + 1) * self.heads].iter().enumerate() {
+                for (t, v) in values.chunks_exact(self.head_dim).enumerate() {
+                    let at = t * d + head * self.head_dim;
+                    dst[at..at + self.head_dim].copy_from_slice(v);
+                }
             }
-        }
+        });
         Ok((CpuStorage::F32(out), Shape::from((rows * self.len, d))))
     }
 }

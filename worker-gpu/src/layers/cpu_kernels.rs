@@ -3,6 +3,8 @@
 //! ops on each, every one a sync of its own thread pool; other devices use the composed ops.
 //! GeGLU runs SIMD (AVX-512 or AVX2, chosen at run time by `pulp`) with a rational erf.
 
+use std::mem::MaybeUninit;
+
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape};
 use pulp::{Simd, WithSimd};
@@ -18,6 +20,42 @@ fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candl
         Some((start, end)) => Ok(&data[start..end]),
         None => candle_core::bail!("{what}: expected a contiguous tensor"),
     }
+}
+
+/// `rows` rows of `width` values, row `i` written by `row(i, out)` into zeros, rows in parallel
+/// (tasks of at least `min_rows`). The output is not zeroed up front: `vec![0f32; n]` was a memset
+/// of the whole output on the calling thread, the other one waiting, for every op of a forward;
+/// each task zeroes its own rows instead, in parallel and in its cache.
+pub(crate) fn fill_rows(
+    rows: usize,
+    width: usize,
+    min_rows: usize,
+    row: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let len = rows * width;
+    if len == 0 {
+        return Vec::new();
+    }
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(width)
+        .with_min_len(min_rows.max(1))
+        .enumerate()
+        .for_each(|(i, dst)| {
+            dst.fill(MaybeUninit::new(0.0));
+            // SAFETY: every value of `dst` was initialised by the fill above, and
+            // `MaybeUninit<f32>` has `f32`'s layout.
+            #[allow(unsafe_code)]
+            let dst = unsafe { &mut *(std::ptr::from_mut(dst) as *mut [f32]) };
+            row(i, dst);
+        });
+    // SAFETY: the rows cover all `len` values, each initialised by its task (a task that panicked
+    // re-raises before this line).
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(len)
+    };
+    out
 }
 
 /// `(x − mean) / sqrt(var + eps) · weight + bias` over the last dimension, mean and variance in
@@ -47,11 +85,10 @@ impl CustomOp3 for LayerNormOp {
         if dim == 0 || bias.len() != dim || !x.len().is_multiple_of(dim) {
             candle_core::bail!("layer norm: input {:?} vs weight {dim}", x_layout.shape())
         }
-        let mut out = vec![0f32; x.len()];
         let arch = pulp::Arch::new();
-        out.par_chunks_mut(dim).zip(x.par_chunks(dim)).for_each(|(out, x)| {
+        let out = fill_rows(x.len() / dim, dim, 1, |row, out| {
             arch.dispatch(LayerNormRow {
-                x,
+                x: &x[row * dim..(row + 1) * dim],
                 weight,
                 bias,
                 out,
@@ -139,18 +176,15 @@ impl CustomOp2 for AddOp {
             contiguous(a, a_layout, "add input")?,
             contiguous(b, b_layout, "add input")?,
         );
-        let row = a_layout.dims().last().copied().unwrap_or(1).max(1);
-        let mut out = vec![0f32; a.len()];
+        let width = a_layout.dims().last().copied().unwrap_or(1).max(1);
         // At least ADD_PER_TASK values a task: one 64-token row's add (~10 µs) runs on the calling
         // thread, where waking the pool for it made the forward slower.
-        out.par_chunks_mut(row)
-            .zip(a.par_chunks(row).zip(b.par_chunks(row)))
-            .with_min_len(ADD_PER_TASK.div_ceil(row))
-            .for_each(|(out, (a, b))| {
-                for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-                    *o = a + b;
-                }
-            });
+        let out = fill_rows(a.len() / width, width, ADD_PER_TASK.div_ceil(width), |row, out| {
+            let at = row * width..(row + 1) * width;
+            for ((o, &a), &b) in out.iter_mut().zip(&a[at.clone()]).zip(&b[at]) {
+                *o = a + b;
+            }
+        });
         Ok((CpuStorage::F32(out), a_layout.shape().clone()))
     }
 }
@@ -174,14 +208,11 @@ impl CustomOp1 for GeGluOp {
             candle_core::bail!("geglu: last dimension {width} is odd")
         }
         let half = width / 2;
-        let mut out = vec![0f32; x.len() / 2];
         let kernels = self.0;
-        out.par_chunks_mut(half.max(1))
-            .zip(x.par_chunks(width.max(1)))
-            .for_each(|(out, row)| {
-                let (input, gate) = row.split_at(half);
-                kernels.dispatch(GeGluRow { input, gate, out });
-            });
+        let out = fill_rows(x.len() / width.max(1), half, 1, |row, out| {
+            let (input, gate) = x[row * width..(row + 1) * width].split_at(half);
+            kernels.dispatch(GeGluRow { input, gate, out });
+        });
         let mut shape = leading.to_vec();
         shape.push(half);
         Ok((CpuStorage::F32(out), Shape::from(shape)))
@@ -291,6 +322,23 @@ mod tests {
         let diff = max_abs_diff(&fused, &reference);
         assert!(diff < 1e-4, "{diff}");
         Ok(())
+    }
+
+    #[test]
+    fn filled_rows_start_from_zero_in_order() {
+        for min_rows in [1, 3, 100] {
+            // Each row writes only its first value: the rest must read zero.
+            let out = fill_rows(37, 5, min_rows, |row, dst| dst[0] = row as f32 + 1.0);
+            assert_eq!(out.len(), 37 * 5);
+            for (row, values) in out.chunks_exact(5).enumerate() {
+                assert_eq!(
+                    values,
+                    [row as f32 + 1.0, 0.0, 0.0, 0.0, 0.0],
+                    "row {row}, tasks of {min_rows}"
+                );
+            }
+        }
+        assert!(fill_rows(0, 5, 1, |_, _| unreachable!("no rows")).is_empty());
     }
 
     #[test]
