@@ -571,13 +571,16 @@ impl<'a, T> NextPass<'a, T> {
     }
 }
 
-/// Data a kernel call requests into L2 over its depth steps, a few cache lines per step.
+/// Data a kernel call requests into L2 over its depth steps, a few cache lines per step. Only the
+/// x86-64 kernels prefetch (elsewhere the CPU products are candle's).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Prefetch<'a, T> {
     data: &'a [T],
     per_step: usize,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl<'a, T> Prefetch<'a, T> {
     /// Nothing to prefetch.
     pub(crate) const NONE: Self = Prefetch { data: &[], per_step: 0 };
@@ -631,6 +634,7 @@ pub(crate) struct TileCall<'a> {
     pub(crate) stride: usize,
     pub(crate) accumulate: bool,
     /// Weights to request into L2 during the call ([`NextSlices`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) prefetch: Prefetch<'a, f32>,
 }
 

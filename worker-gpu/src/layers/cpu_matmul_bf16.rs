@@ -195,6 +195,7 @@ struct Bf16TileCall<'a> {
     stride: usize,
     accumulate: bool,
     /// Weights to request into L2 during the call ([`NextSlices`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: Prefetch<'a, u16>,
 }
 

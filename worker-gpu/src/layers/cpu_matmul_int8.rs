@@ -1030,6 +1030,7 @@ struct QuadTileCall<'a> {
     stride: usize,
     accumulate: bool,
     /// Weights to request into L2 during the call ([`NextSlices`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: Prefetch<'a, i8>,
 }
 
