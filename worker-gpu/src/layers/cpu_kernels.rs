@@ -150,7 +150,7 @@ impl WithSimd for LayerNormRow<'_> {
 }
 
 /// `a + b` for two f32 tensors of one shape (a residual add), rows in parallel on the pool. candle's
-/// add (built at opt-level 1, through its broadcasting and its own thread pool) took ~2% of an
+/// add (built at opt-level 1, through its broadcasting and its own thread pool) took 1–2% of an
 /// int8 forward; the sums are the same IEEE additions.
 pub(crate) struct AddOp;
 
