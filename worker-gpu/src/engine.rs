@@ -7,6 +7,7 @@ use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
     ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
 };
+use rayon::prelude::*;
 
 use crate::cuda;
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
@@ -25,7 +26,8 @@ pub struct EngineOptions {
     pub precision: Option<Precision>,
     /// CPU threads for matrix products, norms, GeGLU, RoPE and softmax (CPU only); `None`: one per
     /// CPU this process may use (`std::thread::available_parallelism`). Either way the pool is
-    /// pinned one thread per CPU when it spans them all ([`CpuThreads`]). candle's own elementwise
+    /// pinned one thread per CPU when it spans them all ([`CpuThreads`]). A batch of several rows
+    /// runs as up to this many forwards side by side, one per group of rows. candle's own elementwise
     /// ops (adds, casts) run on a pool sized by `CANDLE_NUM_THREADS`, which only the process
     /// environment sets (`layad-worker-gpu` and `layad-bench` set it to 1 unless it is set:
     /// `device::one_candle_thread_unless_set`).
@@ -306,18 +308,145 @@ impl Engine for CandleEngine {
         ForwardLimits::from_info(&self.info())
             .check(checkpoint, rows)
             .map_err(|invalid| EngineError::InvalidArgument(invalid.to_string()))?;
-        let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
-        // The row contract already refused rows longer than the longest bucket.
-        let pad_to = bucket_for(longest, &self.length_buckets).map_or(longest, |b| b as usize);
-        let run = || named.model.forward_padded(rows, pad_to);
+        let buckets = &self.length_buckets;
+        let run = |rows: &[EngineRow]| {
+            let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+            // The row contract already refused rows longer than the longest bucket.
+            let pad_to = bucket_for(longest, buckets).map_or(longest, |b| b as usize);
+            named.model.forward_padded(rows, pad_to)
+        };
         let outputs = match &self.threads {
-            Some(pool) => pool.run(run),
-            None => run(),
+            Some(pool) if pool.threads() > 1 && rows.len() > 1 => pool.run(|| side_by_side(rows, pool.threads(), run)),
+            Some(pool) => pool.run(|| run(rows)),
+            None => run(rows),
         };
         outputs.map_err(|e| EngineError::Internal(format!("forward on '{checkpoint}' failed: {e}")))
     }
 }
 
+/// Runs a CPU batch as one forward per group of its rows ([`row_groups`], at most `threads`), side
+/// by side on the current pool, and returns the outputs in the rows' order.
+///
+/// One forward spread over every thread waits at the end of each of its parallel steps and runs its
+/// serial steps (embeddings, the head's small ops) on one thread while the others idle: a 64-token
+/// int8 row took 37 ms on two threads of a 2-vCPU Zen 5 but 61–64 ms each when two ran at once on
+/// one thread apiece, 19% more rows per second. Side by side, each group's forward keeps one thread
+/// busy and the pool's work stealing lends idle threads to the group still running, so uneven
+/// groups cost little. Rows answer as alone either way (each is computed independently of the
+/// others; `mixed_batches_match_single_rows`). Every group reads all the weights once: g groups
+/// read them g times, which this CPU's memory bandwidth absorbed at two (docs/benchmarks.md, "Rows
+/// side by side").
+fn side_by_side<F>(rows: &[EngineRow], threads: usize, run: F) -> candle_core::Result<Vec<EngineOutput>>
+where
+    F: Fn(&[EngineRow]) -> candle_core::Result<Vec<EngineOutput>> + Sync,
+{
+    let groups = row_groups(rows, threads);
+    let answers: Vec<candle_core::Result<Vec<EngineOutput>>> = groups
+        .par_iter()
+        .map(|group| {
+            let own: Vec<EngineRow> = group.iter().map(|&i| rows[i].clone()).collect();
+            run(&own)
+        })
+        .collect();
+    let mut outputs: Vec<Option<EngineOutput>> = vec![None; rows.len()];
+    for (group, answer) in groups.iter().zip(answers) {
+        let answer = answer?;
+        if answer.len() != group.len() {
+            candle_core::bail!("a group of {} rows got {} outputs", group.len(), answer.len());
+        }
+        for (&i, output) in group.iter().zip(answer) {
+            outputs[i] = Some(output);
+        }
+    }
+    // Every row is in exactly one group, so every slot was filled.
+    Ok(outputs.into_iter().flatten().collect())
+}
+
+/// The row indices of a batch in `min(groups, rows)` groups of nearly equal size: longest rows
+/// first, so each group's rows are of similar length and pad little, and the groups of the
+/// shortest rows take the extra rows.
+fn row_groups(rows: &[EngineRow], groups: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(rows[i].ids.len()));
+    let groups = groups.clamp(1, rows.len().max(1));
+    let (size, extra) = (rows.len() / groups, rows.len() % groups);
+    let mut rest = order.as_slice();
+    (0..groups)
+        .map(|g| {
+            let (group, after) = rest.split_at(size + usize::from(g >= groups - extra));
+            rest = after;
+            group.to_vec()
+        })
+        .collect()
+}
+
 fn saturating_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows_of(lengths: &[usize]) -> Vec<EngineRow> {
+        lengths
+            .iter()
+            .map(|&n| EngineRow {
+                ids: vec![1; n],
+                markers: vec![0],
+                qtype: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn row_groups_split_longest_first_with_the_extra_rows_among_the_shortest() {
+        let rows = rows_of(&[10, 50, 30, 20, 40]);
+        // By length: 1 (50), 4 (40), 2 (30), 3 (20), 0 (10).
+        assert_eq!(row_groups(&rows, 2), [vec![1, 4], vec![2, 3, 0]]);
+        assert_eq!(row_groups(&rows, 3), [vec![1], vec![4, 2], vec![3, 0]]);
+        assert_eq!(row_groups(&rows, 5), [vec![1], vec![4], vec![2], vec![3], vec![0]]);
+        // Never more groups than rows, never none.
+        assert_eq!(row_groups(&rows, 8).len(), 5);
+        assert_eq!(row_groups(&rows, 0), [vec![1, 4, 2, 3, 0]]);
+        assert_eq!(row_groups(&rows_of(&[7, 7]), 2), [vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn side_by_side_answers_in_the_rows_order_and_passes_errors_on() {
+        let rows = rows_of(&[3, 9, 5, 7, 1]);
+        // A stand-in forward that answers each row with its length.
+        let by_length = |rows: &[EngineRow]| {
+            Ok(rows
+                .iter()
+                .map(|r| EngineOutput {
+                    logits: vec![r.ids.len() as f32],
+                    act_probabilities: vec![1.0],
+                })
+                .collect())
+        };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+        for threads in [2, 3, 5] {
+            let outputs = pool
+                .install(|| side_by_side(&rows, threads, by_length))
+                .expect("outputs");
+            let lengths: Vec<f32> = outputs.iter().map(|o| o.logits[0]).collect();
+            assert_eq!(lengths, [3.0, 9.0, 5.0, 7.0, 1.0], "{threads} groups");
+        }
+        let failing = |rows: &[EngineRow]| {
+            if rows.iter().any(|r| r.ids.len() == 1) {
+                candle_core::bail!("row of one token")
+            }
+            by_length(rows)
+        };
+        let error = pool
+            .install(|| side_by_side(&rows, 2, failing))
+            .expect_err("a group failed");
+        assert!(error.to_string().contains("row of one token"), "{error}");
+        let short = |rows: &[EngineRow]| by_length(&rows[1..]);
+        let error = pool
+            .install(|| side_by_side(&rows, 2, short))
+            .expect_err("a group came back short");
+        assert!(error.to_string().contains("got 1 outputs"), "{error}");
+    }
 }

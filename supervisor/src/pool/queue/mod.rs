@@ -104,9 +104,10 @@ pub struct State {
 /// (`added`), what it would take alone (`alone`) and how many queued jobs wait behind it per worker
 /// (`behind`). Every job of a batch waits for all of it, so joining delays the `members` by `added`;
 /// it saves `alone - added` for the job itself and for each job behind it. It joins when the saving
-/// outweighs the delay: on a GPU a row adds little and batches grow; on a CPU a 64-token row costs
-/// about as much in a batch as alone (docs/benchmarks.md, "Scheduling"), so only a deep queue
-/// makes a batch worth its members' wait.
+/// outweighs the delay: on a GPU a row adds little and batches grow; on a CPU a 64-token row adds
+/// most of its own time (0.7–0.8 of it on two threads, where the worker runs a batch's rows side
+/// by side; docs/benchmarks.md, "Rows side by side"), so only a deep queue makes a batch worth its
+/// members' wait.
 pub fn joins_batch(added: Duration, alone: Duration, members: usize, behind: f64) -> bool {
     let saved = alone.saturating_sub(added).as_secs_f64();
     members as f64 * added.as_secs_f64() < saved * (1.0 + behind)
