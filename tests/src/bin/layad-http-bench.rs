@@ -81,6 +81,11 @@ struct Args {
     /// Where the JSON goes.
     #[arg(long, default_value = "target/bench/served.json")]
     out: PathBuf,
+    /// Where to copy layad's log (supervisor and worker) once the run is over; with
+    /// `RUST_LOG=info,layad_proto=debug LAYAD_LOGGING__FILTER=debug,h2=info,hyper=info,tower=info`
+    /// it holds each forward's rows and device time (`tools/bench/forward_phases.py` reads them).
+    #[arg(long)]
+    layad_log: Option<PathBuf>,
 }
 
 /// A fake HF home whose bundle root (`english`) is `checkpoint`, so upstream loads the same files.
@@ -707,6 +712,10 @@ async fn run(args: Args) -> Result<(), String> {
     let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     std::fs::write(&args.out, text).map_err(|e| format!("{}: {e}", args.out.display()))?;
     println!("wrote {}", args.out.display());
+    if let Some(path) = &args.layad_log {
+        std::fs::write(path, layad.log()).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
     drop(edgejev);
     drop(upstream);
     drop(hf_home);
