@@ -335,7 +335,7 @@ impl Engine for CandleEngine {
 /// groups cost little. Rows answer as alone either way (each is computed independently of the
 /// others; `mixed_batches_match_single_rows`). Every group reads all the weights once: g groups
 /// read them g times, which this CPU's memory bandwidth absorbed at two (docs/benchmarks.md, "Rows
-/// side by side").
+/// side by side"); pools of more threads have not been measured.
 fn side_by_side<F>(rows: &[EngineRow], threads: usize, run: F) -> candle_core::Result<Vec<EngineOutput>>
 where
     F: Fn(&[EngineRow]) -> candle_core::Result<Vec<EngineOutput>> + Sync,
