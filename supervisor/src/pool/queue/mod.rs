@@ -105,7 +105,7 @@ pub struct State {
 /// (`behind`). Every job of a batch waits for all of it, so joining delays the `members` by `added`;
 /// it saves `alone - added` for the job itself and for each job behind it. It joins when the saving
 /// outweighs the delay: on a GPU a row adds little and batches grow; on a CPU a 64-token row adds
-/// most of its own time (0.7–0.8 of it on two threads, where the worker runs a batch's rows side
+/// most of its own time (about 0.8 of it on two threads, where the worker runs a batch's rows side
 /// by side; docs/benchmarks.md, "Rows side by side"), so only a deep queue makes a batch worth its
 /// members' wait.
 pub fn joins_batch(added: Duration, alone: Duration, members: usize, behind: f64) -> bool {
