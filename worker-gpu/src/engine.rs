@@ -152,7 +152,7 @@ impl CandleEngine {
         // bf16 on a CPU with AVX512_BF16 loads float32 and runs the encoder's products with the
         // native bf16 kernel (candle's bf16 CPU path is slower than f32 there).
         let bf16_kernels = precision == Precision::Bf16
-            && cpu_kernels == Some(CpuKernels::Avx512)
+            && matches!(cpu_kernels, Some(CpuKernels::Avx512 | CpuKernels::Amx))
             && crate::layers::cpu_matmul_bf16::available();
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());

@@ -29,6 +29,9 @@ const MAX_PANELS_PER_TASK: usize = 8;
 /// The SIMD kernels a CPU forward uses for its matrix products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpuKernels {
+    /// The AVX-512 float32 kernels, with the int8 and bf16 products on AMX's tile registers
+    /// (`layad_cpu_kernels::amx`: Sapphire Rapids and later Xeons, where Linux grants the tiles).
+    Amx,
     /// 512-bit AVX-512F kernels (x86-64 CPUs that have them).
     Avx512,
     /// 256-bit AVX2 + FMA kernels (x86-64 since about 2013).
@@ -40,21 +43,22 @@ pub enum CpuKernels {
 impl CpuKernels {
     /// The best family this CPU runs.
     pub fn detect() -> Self {
-        [Self::Avx512, Self::Avx2]
+        [Self::Amx, Self::Avx512, Self::Avx2]
             .into_iter()
             .find(|k| k.available())
             .unwrap_or(Self::Gemm)
     }
 
-    /// Parses `auto` (the best available: `None`), `avx512`, `avx2` or `gemm`.
+    /// Parses `auto` (the best available: `None`), `amx`, `avx512`, `avx2` or `gemm`.
     pub fn parse(text: &str) -> Result<Option<Self>, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(None),
+            "amx" => Ok(Some(Self::Amx)),
             "avx512" => Ok(Some(Self::Avx512)),
             "avx2" => Ok(Some(Self::Avx2)),
             "gemm" => Ok(Some(Self::Gemm)),
             _ => Err(format!(
-                "unknown CPU kernels '{text}'; expected auto, avx512, avx2 or gemm"
+                "unknown CPU kernels '{text}'; expected auto, amx, avx512, avx2 or gemm"
             )),
         }
     }
@@ -63,30 +67,34 @@ impl CpuKernels {
     pub fn available(self) -> bool {
         match self {
             #[cfg(target_arch = "x86_64")]
+            Self::Amx => pulp::x86::V4::try_new().is_some() && layad_cpu_kernels::amx::Amx::detect().is_ok(),
+            #[cfg(target_arch = "x86_64")]
             Self::Avx512 => pulp::x86::V4::try_new().is_some(),
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => pulp::x86::V3::try_new().is_some(),
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx512 | Self::Avx2 => false,
+            Self::Amx | Self::Avx512 | Self::Avx2 => false,
             Self::Gemm => true,
         }
     }
 
-    /// `avx512`, `avx2` or `gemm`: what the worker reports in its start-up line and in `/health`.
+    /// `amx`, `avx512`, `avx2` or `gemm`: what the worker reports in its start-up line and in
+    /// `/health`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Amx => "amx",
             Self::Avx512 => "avx512",
             Self::Avx2 => "avx2",
             Self::Gemm => "gemm",
         }
     }
 
-    /// Runs `op` with this family's SIMD: AVX-512 or AVX2 as named (portable code if the CPU lacks
-    /// it), and for `Gemm` whatever `pulp` finds best on this CPU.
+    /// Runs `op` with this family's SIMD: AVX-512 (also beside AMX) or AVX2 as named (portable code
+    /// if the CPU lacks it), and for `Gemm` whatever `pulp` finds best on this CPU.
     pub(crate) fn dispatch<Op: WithSimd>(self, op: Op) -> Op::Output {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512 => match pulp::x86::V4::try_new() {
+            Self::Amx | Self::Avx512 => match pulp::x86::V4::try_new() {
                 Some(simd) => Simd::vectorize(simd, op),
                 None => Simd::vectorize(pulp::Scalar::new(), op),
             },
@@ -102,7 +110,7 @@ impl CpuKernels {
     /// Columns per packed panel: two registers of the family's width.
     pub(crate) fn panel_width(self) -> usize {
         match self {
-            Self::Avx512 => 32,
+            Self::Amx | Self::Avx512 => 32,
             Self::Avx2 | Self::Gemm => 16,
         }
     }
@@ -195,11 +203,18 @@ impl PackedWeight {
         }
     }
 
-    /// The weight rounded to bf16 for the AVX512_BF16 kernel, read straight from the panels.
+    /// The weight rounded to bf16 for the AVX512_BF16 kernel (AMX's tiles for the `amx` family),
+    /// read straight from the panels.
     pub(crate) fn to_bf16(&self) -> Bf16Weight {
         let (k, nr, panels) = (self.k, self.nr, &self.panels);
         let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
-        Bf16Weight::pack_with(value, self.k, self.n, self.bias.clone())
+        Bf16Weight::pack_with(
+            value,
+            self.k,
+            self.n,
+            self.bias.clone(),
+            self.kernels == CpuKernels::Amx,
+        )
     }
 
     /// The weight quantized to int8 for `kernel`, read straight from the panels.
@@ -268,7 +283,7 @@ impl CpuKernels {
     pub(crate) fn tile(self, rows: usize, nr: usize, call: TileCall<'_>) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            CpuKernels::Avx512 => match pulp::x86::V4::try_new() {
+            CpuKernels::Amx | CpuKernels::Avx512 => match pulp::x86::V4::try_new() {
                 Some(simd) => simd_tile(simd, rows, call),
                 None => scalar_tile(rows, nr, call),
             },
@@ -779,7 +794,7 @@ pub(crate) mod tests {
     /// with and without a bias, against a float64 reference.
     #[test]
     fn every_family_matches_a_reference_product() {
-        let families: Vec<CpuKernels> = [CpuKernels::Avx512, CpuKernels::Avx2]
+        let families: Vec<CpuKernels> = [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2]
             .into_iter()
             .filter(|k| k.available())
             .collect();
@@ -847,7 +862,7 @@ pub(crate) mod tests {
                 scaled[d * n + c] *= 0.125;
             }
         }
-        let families = [CpuKernels::Avx512, CpuKernels::Avx2];
+        let families = [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2];
         for kernels in families.into_iter().filter(|k| k.available()) {
             let direct = PackedWeight::pack_out_in(&out_in, k, n, None, kernels, None);
             assert_eq!(direct.panels, PackedWeight::pack(&w, k, n, None, kernels).panels);
@@ -855,6 +870,7 @@ pub(crate) mod tests {
             assert_eq!(direct.panels, PackedWeight::pack(&scaled, k, n, None, kernels).panels);
             let x = values(3 * k, 5);
             for int8 in [
+                Int8Kernel::Amx,
                 Int8Kernel::Avx512Vnni,
                 Int8Kernel::AvxVnni,
                 Int8Kernel::Avx2,
@@ -876,13 +892,18 @@ pub(crate) mod tests {
         assert_eq!(CpuKernels::parse(" AVX2 "), Ok(Some(CpuKernels::Avx2)));
         assert_eq!(CpuKernels::parse("avx512"), Ok(Some(CpuKernels::Avx512)));
         assert_eq!(CpuKernels::parse("gemm"), Ok(Some(CpuKernels::Gemm)));
+        assert_eq!(CpuKernels::parse("AMX"), Ok(Some(CpuKernels::Amx)));
         assert!(CpuKernels::parse("sse").is_err_and(|e| e.contains("'sse'")));
         let best = CpuKernels::detect();
         assert!(best.available());
         #[cfg(target_arch = "x86_64")]
         assert_eq!(
-            best == CpuKernels::Avx512,
+            matches!(best, CpuKernels::Amx | CpuKernels::Avx512),
             std::arch::is_x86_feature_detected!("avx512f")
+        );
+        assert_eq!(
+            best == CpuKernels::Amx,
+            CpuKernels::Avx512.available() && layad_cpu_kernels::amx::Amx::detect().is_ok()
         );
     }
 }

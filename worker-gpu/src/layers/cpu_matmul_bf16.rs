@@ -9,7 +9,12 @@
 //! products of the encoder and of the decision head's layers change precision: embeddings, norms,
 //! attention, the scorer and the act head stay f32, as with int8. Served only behind the parity
 //! gate against the f32 forward (`gate.rs`).
+//!
+//! With AMX (the `amx` kernel family) the same panels run on the tile registers instead
+//! (`tdpbf16ps`, `layad_cpu_kernels::amx`): the depth padded to whole tiles of 16 pairs, the
+//! activation rows laid out one after another (padded to 16 rows) instead of in tiles of 8.
 
+use layad_cpu_kernels::amx::{Amx, Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct};
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{CpuWeight, NextSlices, Prefetch, bias_rows, in_column_blocks};
@@ -60,20 +65,28 @@ pub(crate) fn available() -> bool {
 pub(crate) struct Bf16Weight {
     k: usize,
     n: usize,
+    /// Whether the products run on AMX tiles (else the AVX512_BF16 kernel).
+    tiles: bool,
     pairs: usize,
     panels: Vec<u16>,
     bias: Option<Vec<f32>>,
 }
 
 impl Bf16Weight {
-    /// Rounds and packs the weight whose entry `(depth, col)` is `value(depth, col)`.
+    /// Rounds and packs the weight whose entry `(depth, col)` is `value(depth, col)`, for AMX's
+    /// tiles when `tiles` (else for the AVX512_BF16 kernel).
     pub(crate) fn pack_with(
         value: impl Fn(usize, usize) -> f32 + Sync,
         k: usize,
         n: usize,
         bias: Option<Vec<f32>>,
+        tiles: bool,
     ) -> Self {
-        let pairs = k.div_ceil(2);
+        let pairs = if tiles {
+            k.div_ceil(2 * TILE_WORDS) * TILE_WORDS
+        } else {
+            k.div_ceil(2)
+        };
         let count = n.div_ceil(NR);
         let mut panels = vec![0u16; count * pairs * 2 * NR];
         if k > 0 {
@@ -92,6 +105,7 @@ impl Bf16Weight {
         Self {
             k,
             n,
+            tiles,
             pairs,
             panels,
             bias,
@@ -114,26 +128,34 @@ impl Bf16Weight {
     }
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
-    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`). With the kernel (and not
-    /// `portable`) rows are rounded by `vcvtne2ps2bf16`: the same words, except that it flushes
-    /// subnormal values to zero.
+    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`); for AMX the rows' words one
+    /// row after another instead, rows padded to 16. With the kernel (and not `portable`) rows are
+    /// rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
+    /// zero.
     fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
         let (k, pairs) = (self.k, self.pairs);
-        let mut packed = vec![0u32; m.div_ceil(MR) * pairs * MR];
+        // Rows per chunk of the packed words; a row's words are `tile` apart.
+        let tile = if self.tiles { 1 } else { MR };
+        let rows = if self.tiles {
+            m.next_multiple_of(TILE_ROWS)
+        } else {
+            m.next_multiple_of(MR)
+        };
+        let mut packed = vec![0u32; rows * pairs];
         #[cfg(target_arch = "x86_64")]
         let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        packed.par_chunks_mut(pairs * MR).enumerate().for_each(|(t, dst)| {
-            for r in 0..MR.min(m - t * MR) {
-                let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
+        packed.par_chunks_mut(pairs * tile).enumerate().for_each(|(t, dst)| {
+            for r in 0..tile.min(m.saturating_sub(t * tile)) {
+                let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
                 #[cfg(target_arch = "x86_64")]
                 if let Some(simd) = simd {
-                    simd.pack_row(row, &mut dst[r..]);
+                    simd.pack_row(row, &mut dst[r..], tile);
                     continue;
                 }
                 for (d, pair) in row.chunks(2).enumerate() {
-                    dst[d * MR + r] = pair_word(pair);
+                    dst[d * tile + r] = pair_word(pair);
                 }
             }
         });
@@ -143,6 +165,22 @@ impl Bf16Weight {
     fn block(&self, packed_x: &[u32], m: usize, first: usize, count: usize, block: &mut [f32], portable: bool) {
         let pairs = self.pairs;
         let stride = count * NR;
+        if self.tiles {
+            let product = TileProduct::<Bf16Tiles> {
+                a: packed_x,
+                rows: m,
+                words: pairs,
+                panels: &self.panels[first * pairs * 2 * NR..(first + count) * pairs * 2 * NR],
+                out: block,
+                stride,
+            };
+            // The tile model where AMX is not granted (the tests' portable path).
+            match Amx::detect() {
+                Ok(amx) if !portable => amx.multiply(product),
+                _ => product.model(),
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
@@ -251,11 +289,11 @@ mod bf16dp {
             has.then_some(Self(()))
         }
 
-        /// One row's depth-pair words into `dst[0]`, `dst[MR]`, `dst[2·MR]`, … (as
+        /// One row's depth-pair words into `dst[0]`, `dst[step]`, `dst[2·step]`, … (as
         /// [`super::pair_word`], but subnormal values flush to zero).
-        pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32]) {
+        pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32], step: usize) {
             // SAFETY: as in `tile`.
-            unsafe { pack_row(row, dst) }
+            unsafe { pack_row(row, dst, step) }
         }
 
         /// One tile of `rows` (at most `MR`) rows.
@@ -278,10 +316,10 @@ mod bf16dp {
     }
 
     /// 32 values at a time: `vcvtne2ps2bf16` rounds two registers to nearest even (NaN stays NaN,
-    /// quieted) into 16 pair words, which go to every `MR`-th word of `dst`; masked loads read
+    /// quieted) into 16 pair words, which go to every `step`-th word of `dst`; masked loads read
     /// the tail as zeros, the padding `dst` holds past `k` anyway.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    fn pack_row(row: &[f32], dst: &mut [u32]) {
+    fn pack_row(row: &[f32], dst: &mut [u32], step: usize) {
         let mut words = [0u32; 16];
         for (i, chunk) in row.chunks(32).enumerate() {
             let len = chunk.len();
@@ -299,7 +337,7 @@ mod bf16dp {
             // SAFETY: `words` is 16 u32 = one 64-byte vector; `storeu` needs no alignment.
             unsafe { _mm512_storeu_si512(words.as_mut_ptr().cast::<__m512i>(), pairs) };
             for (j, &word) in words.iter().enumerate().take(len.div_ceil(2)) {
-                dst[(16 * i + j) * MR] = word;
+                dst[(16 * i + j) * step] = word;
             }
         }
     }
@@ -419,26 +457,35 @@ mod tests {
             let abs = |v: &[f32]| v.iter().map(|v| v.abs()).collect::<Vec<_>>();
             let magnitude = reference(&abs(&x), &abs(&w), m, k, n, None);
             let want = reference(&x, &w, m, k, n, Some(&bias));
-            let weight = Bf16Weight::pack_with(|d, c| w[d * n + c], k, n, Some(bias.clone()));
-            for portable in [false, true] {
-                let got = pool.install(|| weight.matmul_with(&x, m, portable));
-                let worst = got
+            for tiles in [false, true] {
+                let weight = Bf16Weight::pack_with(|d, c| w[d * n + c], k, n, Some(bias.clone()), tiles);
+                for portable in [false, true] {
+                    let got = pool.install(|| weight.matmul_with(&x, m, portable));
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .zip(&magnitude)
+                        .map(|((a, b), s)| (a - b).abs() / s.max(1e-6))
+                        .fold(0f32, f32::max);
+                    assert!(worst < 0.01, "{m}x{k}x{n} tiles {tiles} portable {portable}: {worst}");
+                }
+                // The SIMD and portable sums differ at most by f32 rounding.
+                let (a, b) = pool.install(|| (weight.matmul_with(&x, m, false), weight.matmul_with(&x, m, true)));
+                let worst = a
                     .iter()
-                    .zip(&want)
+                    .zip(&b)
                     .zip(&magnitude)
                     .map(|((a, b), s)| (a - b).abs() / s.max(1e-6))
                     .fold(0f32, f32::max);
-                assert!(worst < 0.01, "{m}x{k}x{n} portable {portable}: {worst}");
+                assert!(worst < 1e-5, "{m}x{k}x{n} tiles {tiles}: SIMD vs portable {worst}");
+                // AMX's tiles give the tile model's sums bit for bit.
+                if tiles && Amx::detect().is_ok() {
+                    assert!(
+                        a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{m}x{k}x{n}: AMX vs its model"
+                    );
+                }
             }
-            // The SIMD and portable sums differ at most by f32 rounding.
-            let (a, b) = pool.install(|| (weight.matmul_with(&x, m, false), weight.matmul_with(&x, m, true)));
-            let worst = a
-                .iter()
-                .zip(&b)
-                .zip(&magnitude)
-                .map(|((a, b), s)| (a - b).abs() / s.max(1e-6))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{m}x{k}x{n}: SIMD vs portable {worst}");
         }
     }
 
@@ -447,8 +494,10 @@ mod tests {
     /// with no depth gives its bias.
     #[test]
     fn simd_row_packing_equals_the_portable_one() {
-        let no_depth = Bf16Weight::pack_with(|_, _| 0.0, 0, 3, Some(vec![0.5; 3]));
-        assert_eq!(no_depth.matmul(&[], 2), vec![0.5; 6]);
+        for tiles in [false, true] {
+            let no_depth = Bf16Weight::pack_with(|_, _| 0.0, 0, 3, Some(vec![0.5; 3]), tiles);
+            assert_eq!(no_depth.matmul(&[], 2), vec![0.5; 6]);
+        }
         if !available() {
             eprintln!("this CPU has no AVX512_BF16: skipped");
             return;
@@ -469,10 +518,16 @@ mod tests {
             if k == special.len() {
                 x[k..2 * k].copy_from_slice(&special);
             }
-            let weight = Bf16Weight::pack_with(|_, _| 1.0, k, 5, None);
-            assert_eq!(weight.pack_rows(&x, m, false), weight.pack_rows(&x, m, true), "k = {k}");
+            for tiles in [false, true] {
+                let weight = Bf16Weight::pack_with(|_, _| 1.0, k, 5, None, tiles);
+                assert_eq!(
+                    weight.pack_rows(&x, m, false),
+                    weight.pack_rows(&x, m, true),
+                    "k = {k} tiles {tiles}"
+                );
+            }
         }
-        let weight = Bf16Weight::pack_with(|_, _| 1.0, 2, 1, None);
+        let weight = Bf16Weight::pack_with(|_, _| 1.0, 2, 1, None, false);
         let subnormal = f32::MIN_POSITIVE / 4.0;
         assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
         assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, true)[0], 0x8000_0000);
@@ -485,7 +540,7 @@ mod tests {
             available(),
             std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512bw")
         );
-        let empty = Bf16Weight::pack_with(|_, _| 1.0, 3, 2, None);
+        let empty = Bf16Weight::pack_with(|_, _| 1.0, 3, 2, None, true);
         assert!(empty.matmul(&[], 0).is_empty());
     }
 }

@@ -23,6 +23,11 @@
 //!   - **u16** (the default where u8 misses the gate's margin): 16 bits split into a high and a
 //!     low u8 plane, each run as its own row through the same kernel (`256·Σ hi·w + Σ lo·w`):
 //!     twice the dot products, still half the instructions per product of the AVX2 kernel below.
+//! - **AMX-INT8** (`tdpbusd`: a 16 × 16 tile of i32 sums from 16 rows × 64 u8 and 16 quads × 16
+//!   columns of s8 per instruction, `layad_cpu_kernels::amx`): the same quad panels (read in place
+//!   as tiles, the depth padded to whole tiles of 16 quads), activation planes, quantization and
+//!   combine as AVX512-VNNI, so the same sums exactly; only the activation planes are laid out
+//!   row by row (rows padded to 16) instead of in tiles of 8, as the tiles load them.
 //! - **AVX-VNNI** (the VEX-encoded `vpdpbusd` on 256-bit registers: Alder Lake and later Intel
 //!   cores, Zen 5): the same quad panels, activation planes and quantization as AVX512-VNNI, so the
 //!   same sums exactly, from four ymm accumulators per row of 32 columns, three rows per register
@@ -42,6 +47,7 @@
 
 use std::cell::RefCell;
 
+use layad_cpu_kernels::amx::{Amx, Int8Tiles, TILE_ROWS, TILE_WORDS, TileProduct};
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{
@@ -71,6 +77,10 @@ const MAX_ACTIVATION_LEVELS: i32 = i16::MAX as i32;
 /// The integer kernel a quantized weight runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Int8Kernel {
+    /// `tdpbusd` on AMX tiles (with AVX512-VNNI for the rows' quantization and the combine): u8 ×
+    /// s8 quads, the VNNI layout's panels.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Amx,
     /// `vpdpbusd` on 512-bit registers (AVX512-VNNI, with AVX-512F/BW): u8 × s8 quads.
     // Elsewhere only the tests name it (they skip it where the CPU lacks it).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -95,12 +105,14 @@ impl Int8Kernel {
     }
 
     /// The integer kernel that goes with a float32 kernel family: the best this CPU has beside the
-    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel); beside AVX2 only
+    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel), AMX first beside
+    /// the AMX family; beside AVX2 only
     /// 256-bit code (AVX-VNNI where the CPU has it, else the pair kernel), so `cpu_kernels = "avx2"`
     /// also keeps the integer path off AVX-512; the portable code otherwise.
     pub(crate) fn for_family(family: CpuKernels) -> Self {
         let first = |kernels: &[Self]| kernels.iter().copied().find(|k| k.available()).unwrap_or(Self::Scalar);
         match family {
+            CpuKernels::Amx => first(&[Self::Amx, Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]),
             CpuKernels::Avx512 | CpuKernels::Gemm => first(&[Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]),
             CpuKernels::Avx2 => first(&[Self::AvxVnni, Self::Avx2]),
         }
@@ -108,12 +120,22 @@ impl Int8Kernel {
 
     /// Whether the kernel runs the u8 × s8 quad layout (else the i16 pair layout).
     fn quads(self) -> bool {
-        matches!(self, Self::Avx512Vnni | Self::AvxVnni)
+        matches!(self, Self::Amx | Self::Avx512Vnni | Self::AvxVnni)
+    }
+
+    /// Depth quads of a quad-layout weight of depth `k`: whole AMX tiles (16 quads) for AMX.
+    fn quads_for(self, k: usize) -> usize {
+        match self {
+            Self::Amx => k.div_ceil(4 * TILE_WORDS) * TILE_WORDS,
+            _ => k.div_ceil(4),
+        }
     }
 
     /// Whether this CPU runs the kernel.
     pub(crate) fn available(self) -> bool {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Amx => vnni::Vnni::try_new().is_some() && Amx::detect().is_ok(),
             #[cfg(target_arch = "x86_64")]
             Self::Avx512Vnni => vnni::Vnni::try_new().is_some(),
             #[cfg(target_arch = "x86_64")]
@@ -121,14 +143,15 @@ impl Int8Kernel {
             #[cfg(target_arch = "x86_64")]
             Self::Avx2 => pulp::x86::V3::try_new().is_some(),
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx512Vnni | Self::AvxVnni | Self::Avx2 => false,
+            Self::Amx | Self::Avx512Vnni | Self::AvxVnni | Self::Avx2 => false,
             Self::Scalar => true,
         }
     }
 
-    /// `avx512-vnni`, `avx2` or `portable`: what the gate's report names.
+    /// `amx-int8`, `avx512-vnni`, `avx-vnni`, `avx2` or `portable`: what the gate's report names.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
+            Self::Amx => "amx-int8",
             Self::Avx512Vnni => "avx512-vnni",
             Self::AvxVnni => "avx-vnni",
             Self::Avx2 => "avx2",
@@ -289,8 +312,8 @@ impl QuantizedWeight {
             kernel => kernel,
         };
         let panels = match kernel {
-            Int8Kernel::Avx512Vnni | Int8Kernel::AvxVnni => {
-                let quads = k.div_ceil(4);
+            Int8Kernel::Amx | Int8Kernel::Avx512Vnni | Int8Kernel::AvxVnni => {
+                let quads = kernel.quads_for(k);
                 let count = n.div_ceil(NR_Q);
                 let mut panels = vec![0i8; count * quads * 4 * NR_Q];
                 let mut column_sums = vec![0i32; count * NR_Q];
@@ -549,8 +572,9 @@ impl QuantizedWeight {
     /// included; with outliers, those of the row without them), as one (8-bit) or two (16-bit: high
     /// byte, then low byte) plane rows, packed as tiles of `MR_Q` plane rows: tile `t` holds, per
     /// depth quad, `MR_Q` u32 words of four u8 (zero past the rows and `k`). Returns the packed
-    /// tiles, each row's quantization and its outliers. With VNNI (and not `portable`) rows are
-    /// quantized with AVX-512, to the same levels exactly.
+    /// tiles, each row's quantization and its outliers (for AMX the plane rows one after another,
+    /// padded to 16). With VNNI (and not `portable`) rows are quantized with AVX-512, to the same
+    /// levels exactly.
     fn quantize_quads(
         &self,
         x: &[f32],
@@ -567,7 +591,14 @@ impl QuantizedWeight {
         // A row of `k` values keeps at least one inside the range.
         let per_row = bits.outliers().min(k.saturating_sub(1));
         let plane_rows = m * planes;
-        let tiles = plane_rows.div_ceil(MR_Q);
+        // AMX loads plane rows row by row, 16 at a time: its rows are padded to whole tiles (two
+        // of these tiles of 8), and each row's words follow each other.
+        let row_major = self.kernel == Int8Kernel::Amx;
+        let tiles = if row_major {
+            plane_rows.next_multiple_of(TILE_ROWS) / MR_Q
+        } else {
+            plane_rows.div_ceil(MR_Q)
+        };
         let mut packed = vec![0u32; tiles * quads * MR_Q];
         // MR_Q is a multiple of both plane counts, so a row's planes share one tile.
         let rows_per_tile = MR_Q / planes;
@@ -597,7 +628,11 @@ impl QuantizedWeight {
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
-                for (r, quant) in quants.iter_mut().enumerate().take(rows_per_tile.min(m - first)) {
+                for (r, quant) in quants
+                    .iter_mut()
+                    .enumerate()
+                    .take(rows_per_tile.min(m.saturating_sub(first)))
+                {
                     let row = &x[(first + r) * k..(first + r + 1) * k];
                     let (hi_plane, lo_plane) = bytes.split_at_mut(quads * 4);
                     let lo_plane = (planes == 2).then_some(lo_plane);
@@ -631,8 +666,14 @@ impl QuantizedWeight {
                     };
                     *quant = found;
                     for (p, plane) in bytes.chunks_exact(quads * 4).enumerate() {
+                        let plane_row = r * planes + p;
                         for (d, word) in plane.chunks_exact(4).enumerate() {
-                            dst[d * MR_Q + r * planes + p] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                            let at = if row_major {
+                                plane_row * quads + d
+                            } else {
+                                d * MR_Q + plane_row
+                            };
+                            dst[at] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
                         }
                     }
                 }
@@ -676,7 +717,7 @@ impl QuantizedWeight {
     #[cfg(target_arch = "x86_64")]
     fn quad_simd(&self, portable: bool) -> Option<QuadSimd> {
         match (portable, self.kernel) {
-            (false, Int8Kernel::Avx512Vnni) => vnni::Vnni::try_new().map(QuadSimd::Avx512),
+            (false, Int8Kernel::Amx | Int8Kernel::Avx512Vnni) => vnni::Vnni::try_new().map(QuadSimd::Avx512),
             (false, Int8Kernel::AvxVnni) => avx_vnni::AvxVnni::try_new().map(QuadSimd::Avx256),
             _ => None,
         }
@@ -690,6 +731,23 @@ impl QuantizedWeight {
         };
         let quads = *quads;
         let stride = count * NR_Q;
+        if self.kernel == Int8Kernel::Amx {
+            let product = TileProduct::<Int8Tiles> {
+                a: packed_x,
+                rows,
+                words: quads,
+                panels: &panels[first * quads * 4 * NR_Q..(first + count) * quads * 4 * NR_Q],
+                out: sums,
+                stride,
+            };
+            // The tile model where AMX is not granted (the tests' portable path, or a kernel
+            // refused after the weight was packed: slow, not wrong).
+            match Amx::detect() {
+                Ok(amx) if !portable => amx.multiply(product),
+                _ => product.model(),
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         let simd = self.quad_simd(portable);
         #[cfg(not(target_arch = "x86_64"))]
@@ -1983,6 +2041,14 @@ mod tests {
         } else {
             eprintln!("this CPU has no AVX512-VNNI: its kernel is not tested here");
         }
+        if Int8Kernel::Amx.available() {
+            variants.push((Int8Kernel::Amx, Some(Int8Activations::U8), 0.02));
+            variants.push((Int8Kernel::Amx, Some(Int8Activations::U16), 0.01));
+            variants.push((Int8Kernel::Amx, Some(Int8Activations::U8_OUTLIERS), 0.02));
+        } else {
+            eprintln!("AMX not granted or absent: the AMX-INT8 products are tested through the tile model only");
+            variants.push((Int8Kernel::Amx, Some(Int8Activations::U8), 0.02));
+        }
         if Int8Kernel::AvxVnni.available() {
             variants.push((Int8Kernel::AvxVnni, Some(Int8Activations::U8), 0.02));
             variants.push((Int8Kernel::AvxVnni, Some(Int8Activations::U16), 0.01));
@@ -2300,6 +2366,19 @@ mod tests {
             }
         }
         assert_ne!(Int8Kernel::for_family(CpuKernels::Avx2), Int8Kernel::Avx512Vnni);
+        // AMX only beside the AMX family, and there wherever the CPU and the kernel grant it.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            Int8Kernel::Amx.available(),
+            Int8Kernel::Avx512Vnni.available() && Amx::detect().is_ok()
+        );
+        assert_eq!(
+            Int8Kernel::for_family(CpuKernels::Amx) == Int8Kernel::Amx,
+            Int8Kernel::Amx.available()
+        );
+        for family in [CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
+            assert_ne!(Int8Kernel::for_family(family), Int8Kernel::Amx);
+        }
         assert!(Int8Kernel::detect().available());
         assert_eq!(Int8Activations::parse(" U16 "), Ok(Int8Activations::U16));
         assert_eq!(Int8Activations::parse("u8o"), Ok(Int8Activations::U8_OUTLIERS));
