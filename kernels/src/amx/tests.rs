@@ -56,11 +56,12 @@ fn int8_reference(a: &[u32], rows: usize, words: usize, panels: &[i8], count: us
     out
 }
 
-fn int8_case(rows: usize, words_deep: usize, count: usize, seed: u64) -> (Vec<u32>, Vec<i8>) {
-    let mut a = words(rows.next_multiple_of(TILE_ROWS) * words_deep, seed);
+/// Activations (rows `a_stride` words apart) and panels of one int8 product.
+fn int8_case(rows: usize, words_deep: usize, count: usize, seed: u64, a_stride: usize) -> (Vec<u32>, Vec<i8>) {
+    let mut a = words(rows.next_multiple_of(TILE_ROWS) * a_stride, seed);
     // The rows past `rows` are read by the tiles: make them differ from zero, so a sum that took
     // them in would show.
-    a.iter_mut().skip(rows * words_deep).for_each(|w| *w |= 0x0101_0101);
+    a.iter_mut().skip(rows * a_stride).for_each(|w| *w |= 0x0101_0101);
     let panels = words(count * words_deep * PANEL_COLUMNS, seed + 1)
         .into_iter()
         .flat_map(u32::to_le_bytes)
@@ -72,11 +73,12 @@ fn int8_case(rows: usize, words_deep: usize, count: usize, seed: u64) -> (Vec<u3
 #[test]
 fn the_int8_tile_model_sums_the_panel_layout_exactly() {
     for (i, &(rows, depth, count, extra)) in SHAPES.iter().enumerate() {
-        let (a, panels) = int8_case(rows, depth, count, i as u64);
+        let (a, panels) = int8_case(rows, depth, count, i as u64, depth);
         let stride = count * PANEL_COLUMNS + extra;
         let mut out = vec![-7i32; rows * stride];
         TileProduct::<Int8Tiles> {
             a: &a,
+            a_stride: depth,
             rows,
             words: depth,
             panels: &panels,
@@ -112,6 +114,7 @@ fn the_bf16_tile_model_is_close_to_a_float64_product() {
         let mut out = vec![0f32; rows * stride];
         TileProduct::<Bf16Tiles> {
             a: &a,
+            a_stride: depth,
             rows,
             words: depth,
             panels: &panels,
@@ -152,10 +155,13 @@ fn amx_tiles_equal_the_tile_model() {
     };
     for (i, &(rows, depth, count, extra)) in SHAPES.iter().enumerate() {
         let stride = count * PANEL_COLUMNS + extra;
-        let (a, panels) = int8_case(rows, depth, count, 100 + i as u64);
+        // Rows one cache line apart more than their length, as the worker lays them out.
+        let a_stride = row_stride(depth);
+        let (a, panels) = int8_case(rows, depth, count, 100 + i as u64, a_stride);
         let (mut got, mut want) = (vec![-3i32; rows * stride], vec![-3i32; rows * stride]);
         amx.multiply(TileProduct::<Int8Tiles> {
             a: &a,
+            a_stride,
             rows,
             words: depth,
             panels: &panels,
@@ -164,6 +170,7 @@ fn amx_tiles_equal_the_tile_model() {
         });
         TileProduct::<Int8Tiles> {
             a: &a,
+            a_stride,
             rows,
             words: depth,
             panels: &panels,
@@ -181,6 +188,7 @@ fn amx_tiles_equal_the_tile_model() {
         let (mut got, mut want) = (vec![0.5f32; rows * stride], vec![0.5f32; rows * stride]);
         amx.multiply(TileProduct::<Bf16Tiles> {
             a: &a,
+            a_stride: depth,
             rows,
             words: depth,
             panels: &panels,
@@ -189,6 +197,7 @@ fn amx_tiles_equal_the_tile_model() {
         });
         TileProduct::<Bf16Tiles> {
             a: &a,
+            a_stride: depth,
             rows,
             words: depth,
             panels: &panels,
@@ -233,6 +242,7 @@ fn a_depth_of_partial_tiles_is_refused() {
     let mut out = vec![0i32; 16 * PANEL_COLUMNS];
     TileProduct::<Int8Tiles> {
         a: &a,
+        a_stride: 8,
         rows: 16,
         words: 8,
         panels: &panels,
@@ -250,6 +260,7 @@ fn activations_without_their_padding_rows_are_refused() {
     let mut out = vec![0i32; 17 * PANEL_COLUMNS];
     TileProduct::<Int8Tiles> {
         a: &a,
+        a_stride: 16,
         rows: 17,
         words: 16,
         panels: &panels,
@@ -267,6 +278,7 @@ fn a_short_output_is_refused() {
     let mut out = vec![0i32; 2 * PANEL_COLUMNS - 1];
     TileProduct::<Int8Tiles> {
         a: &a,
+        a_stride: 16,
         rows: 2,
         words: 16,
         panels: &panels,

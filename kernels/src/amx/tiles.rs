@@ -49,6 +49,7 @@ struct Store {
 pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
     let TileProduct {
         a,
+        a_stride,
         rows,
         words,
         panels,
@@ -57,7 +58,7 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
     } = product;
     let count = std::mem::size_of_val(panels) / (words * PANEL_ROW_BYTES);
     let steps = words / TILE_WORDS;
-    let a_stride = words * 4;
+    let a_stride = a_stride * 4;
     let out_stride = stride * 4;
     let mut spill = Spill([0; 2 * TILE_ROWS * PANEL_COLUMNS]);
     // SAFETY: CONFIG is 64 readable, 64-byte aligned bytes; loading a tile configuration only
@@ -89,7 +90,8 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
                     stride: PANEL_ROW_BYTES,
                 }
             };
-            // SAFETY: `check` made `a` hold `rows` rounded up to 16 rows of `words` words, so the
+            // SAFETY: `check` made `a` hold `rows` rounded up to 16 rows of `words` words (`a_stride`
+            // words apart), so the
             // `height` rows from `row` (16, or 32 when more than 16 rows are left) are inside it,
             // 64 bytes per step for `steps` steps; `panels` holds `count` whole panels of `words`
             // rows of 128 bytes; the store goes to the spill buffer (32 rows of 128 bytes) or, when

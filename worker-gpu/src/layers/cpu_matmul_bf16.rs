@@ -14,7 +14,7 @@
 //! (`tdpbf16ps`, `layad_cpu_kernels::amx`): the depth padded to whole tiles of 16 pairs, the
 //! activation rows laid out one after another (padded to 16 rows) instead of in tiles of 8.
 
-use layad_cpu_kernels::amx::{Amx, Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct};
+use layad_cpu_kernels::amx::{Amx, Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{CpuWeight, NextSlices, Prefetch, bias_rows, in_column_blocks};
@@ -129,24 +129,24 @@ impl Bf16Weight {
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
     /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`); for AMX the rows' words one
-    /// row after another instead, rows padded to 16. With the kernel (and not `portable`) rows are
+    /// row after another instead (`amx::row_stride` words apart), rows padded to 16. With the kernel (and not `portable`) rows are
     /// rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
     /// zero.
     fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
         let (k, pairs) = (self.k, self.pairs);
-        // Rows per chunk of the packed words; a row's words are `tile` apart.
+        // Rows per chunk of the packed words, a row's words `tile` apart, and the words per row.
         let tile = if self.tiles { 1 } else { MR };
-        let rows = if self.tiles {
-            m.next_multiple_of(TILE_ROWS)
+        let (rows, row_words) = if self.tiles {
+            (m.next_multiple_of(TILE_ROWS), row_stride(pairs))
         } else {
-            m.next_multiple_of(MR)
+            (m.next_multiple_of(MR), pairs)
         };
-        let mut packed = vec![0u32; rows * pairs];
+        let mut packed = vec![0u32; rows * row_words];
         #[cfg(target_arch = "x86_64")]
         let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        packed.par_chunks_mut(pairs * tile).enumerate().for_each(|(t, dst)| {
+        packed.par_chunks_mut(row_words * tile).enumerate().for_each(|(t, dst)| {
             for r in 0..tile.min(m.saturating_sub(t * tile)) {
                 let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
                 #[cfg(target_arch = "x86_64")]
@@ -168,6 +168,7 @@ impl Bf16Weight {
         if self.tiles {
             let product = TileProduct::<Bf16Tiles> {
                 a: packed_x,
+                a_stride: row_stride(pairs),
                 rows: m,
                 words: pairs,
                 panels: &self.panels[first * pairs * 2 * NR..(first + count) * pairs * 2 * NR],

@@ -47,7 +47,7 @@
 
 use std::cell::RefCell;
 
-use layad_cpu_kernels::amx::{Amx, Int8Tiles, TILE_ROWS, TILE_WORDS, TileProduct};
+use layad_cpu_kernels::amx::{Amx, Int8Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
 use rayon::prelude::*;
 
 use crate::layers::cpu_matmul::{
@@ -573,7 +573,7 @@ impl QuantizedWeight {
     /// byte, then low byte) plane rows, packed as tiles of `MR_Q` plane rows: tile `t` holds, per
     /// depth quad, `MR_Q` u32 words of four u8 (zero past the rows and `k`). Returns the packed
     /// tiles, each row's quantization and its outliers (for AMX the plane rows one after another,
-    /// padded to 16). With VNNI (and not `portable`) rows are quantized with AVX-512, to the same
+    /// `amx::row_stride` words apart, padded to 16 rows). With VNNI (and not `portable`) rows are quantized with AVX-512, to the same
     /// levels exactly.
     fn quantize_quads(
         &self,
@@ -594,12 +594,12 @@ impl QuantizedWeight {
         // AMX loads plane rows row by row, 16 at a time: its rows are padded to whole tiles (two
         // of these tiles of 8), and each row's words follow each other.
         let row_major = self.kernel == Int8Kernel::Amx;
-        let tiles = if row_major {
-            plane_rows.next_multiple_of(TILE_ROWS) / MR_Q
+        let (tiles, row_words) = if row_major {
+            (plane_rows.next_multiple_of(TILE_ROWS) / MR_Q, row_stride(quads))
         } else {
-            plane_rows.div_ceil(MR_Q)
+            (plane_rows.div_ceil(MR_Q), quads)
         };
-        let mut packed = vec![0u32; tiles * quads * MR_Q];
+        let mut packed = vec![0u32; tiles * row_words * MR_Q];
         // MR_Q is a multiple of both plane counts, so a row's planes share one tile.
         let rows_per_tile = MR_Q / planes;
         let mut quants = vec![RowQuant::default(); tiles * rows_per_tile];
@@ -612,7 +612,7 @@ impl QuantizedWeight {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         packed
-            .par_chunks_mut(quads * MR_Q)
+            .par_chunks_mut(row_words * MR_Q)
             .zip(quants.par_chunks_mut(rows_per_tile))
             .zip(outliers.held.par_chunks_mut(rows_per_tile * per_row.max(1)))
             .enumerate()
@@ -669,7 +669,7 @@ impl QuantizedWeight {
                         let plane_row = r * planes + p;
                         for (d, word) in plane.chunks_exact(4).enumerate() {
                             let at = if row_major {
-                                plane_row * quads + d
+                                plane_row * row_words + d
                             } else {
                                 d * MR_Q + plane_row
                             };
@@ -734,6 +734,7 @@ impl QuantizedWeight {
         if self.kernel == Int8Kernel::Amx {
             let product = TileProduct::<Int8Tiles> {
                 a: packed_x,
+                a_stride: row_stride(quads),
                 rows,
                 words: quads,
                 panels: &panels[first * quads * 4 * NR_Q..(first + count) * quads * 4 * NR_Q],
