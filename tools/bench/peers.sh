@@ -10,6 +10,7 @@
 #         reference (layad-http-bench: answers first, each server's max |Δp| against upstream's,
 #         then latency pairs A/B/B/A per shape, then answers/s A/B/B/A per client count);
 #      b. the same for f32: layad f32 vs edgejev fp32;
+#      (served-bf16, where the CPU has bf16: layad bf16 vs upstream 0.4.15 with LAYA_CPU_AMP=bf16;)
 #      c. in process, 64 tokens x 1 row: candle f32 and int8, torch f32, ONNX Runtime f32 and int8,
 #         two rounds A B B A (layad-bench --rounds 2).
 #   3. tools/bench/peers_table.py prints the table.
@@ -20,7 +21,8 @@
 # absent), MODELS (directory of the built peer models: the checkpoint's parent), EDGEJEV_VENV
 # (/work/venvs/edgejev), UPSTREAM_PYTHON (/work/venvs/laya-0.4.15/bin/python), THREADS (2), PAIRS
 # (10), SECONDS_PER_LEVEL (10), CONCURRENCY (8), SHAPES (short,long,three), OUT (target/bench/peers),
-# LOCK (/work/cpu.lock; empty: no lock), STEPS (served-int8,served-f32,forward).
+# LOCK (/work/cpu.lock; empty: no lock), STEPS (served-int8,served-f32,forward; add served-bf16 on a
+# CPU with AVX512_BF16 or AMX).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CHECKPOINT=${CHECKPOINT:-/work/bench/modernbert-large-v50368}
@@ -69,6 +71,15 @@ measure() {
                     --edgejev-python "$EDGEJEV_VENV/bin/python" --edgejev-model "$MODELS/edgejev-$peer" \
                     --dtype "$dtype" --threads "$THREADS" --pairs "$PAIRS" --seconds "$SECONDS_PER_LEVEL" \
                     --concurrency "$CONCURRENCY" --shapes "$SHAPES" --out "$OUT/$step.json"
+                ;;
+            served-bf16)
+                # layad bf16 against upstream's own bf16 (torch autocast, LAYA_CPU_AMP=bf16): on CPUs
+                # with native bf16 (AVX512_BF16, AMX) the peer a bf16 user would otherwise run.
+                date -u +"%H:%M:%S $step"
+                target/release/layad-http-bench --checkpoint "$CHECKPOINT" --upstream-python "$UPSTREAM_PYTHON" \
+                    --upstream-amp bf16 --dtype bf16 --threads "$THREADS" --pairs "$PAIRS" \
+                    --seconds "$SECONDS_PER_LEVEL" --concurrency "$CONCURRENCY" --shapes "$SHAPES" \
+                    --out "$OUT/$step.json"
                 ;;
             forward)
                 date -u +"%H:%M:%S $step"

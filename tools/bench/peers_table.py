@@ -4,7 +4,7 @@
     python3 tools/bench/peers_table.py target/bench/peers
 
 Reads served-int8.json and served-f32.json (layad-http-bench: layad vs edgejev, upstream f32 as the
-answers' reference) and forward.json (layad-bench: candle, torch and ONNX Runtime in process), any
+answers' reference), served-bf16.json (layad bf16 vs upstream with LAYA_CPU_AMP=bf16) and forward.json (layad-bench: candle, torch and ONNX Runtime in process), any
 of them that exist, and prints markdown. Standard library only.
 """
 
@@ -37,9 +37,11 @@ def served(doc, ours, theirs):
 
 def parity(doc, names):
     rows = []
+    # The reference upstream ran in its own precision: f32, or bf16 under LAYA_CPU_AMP.
+    reference = (doc.get("upstream") or {}).get("amp") or "f32"
     for p in doc.get("answer_parity", []):
         for q in p.get("probabilities", []):
-            rows.append(f"| {p['shape']} ({q['input_tokens']} tokens) | {names[q['server']]} | {q['against']} f32 "
+            rows.append(f"| {p['shape']} ({q['input_tokens']} tokens) | {names[q['server']]} | {q['against']} {reference} "
                         f"| {q['max_abs_probability_diff']:.4f} | {q['hard_mismatches']} | {q.get('near_tie_flips', '–')} |")
     return rows
 
@@ -47,19 +49,22 @@ def parity(doc, names):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "target/bench/peers"
     int8, f32, forward = load(out, "served-int8.json"), load(out, "served-f32.json"), load(out, "forward.json")
-    machine = next((d["machine"] for d in (int8, f32, forward) if d), {})
+    bf16 = load(out, "served-bf16.json")
+    machine = next((d["machine"] for d in (int8, f32, bf16, forward) if d), {})
     print(f"CPU: {machine.get('cpu')}; flags: {' '.join(machine.get('flags', []))}")
     print()
-    print("| | layad | edgejev | layad / edgejev |")
+    print("| | layad | peer | layad / peer |")
     print("|---|---:|---:|---:|")
-    for doc, ours, theirs in ((int8, "layad int8", "edgejev int8"), (f32, "layad f32", "edgejev fp32")):
+    for doc, ours, theirs in ((int8, "layad int8", "edgejev int8"), (f32, "layad f32", "edgejev fp32"),
+                              (bf16, "layad bf16", "upstream 0.4.15 LAYA_CPU_AMP=bf16")):
         if doc:
             print("\n".join(served(doc, ours, theirs)))
     print()
     print("| request | server | against | max \\|Δp\\| | hard mismatches | near-tie flips |")
     print("|---|---|---|---:|---:|---:|")
     for doc, names in ((int8, {"layad": "layad int8", "edgejev": "edgejev int8"}),
-                       (f32, {"layad": "layad f32", "edgejev": "edgejev fp32"})):
+                       (f32, {"layad": "layad f32", "edgejev": "edgejev fp32"}),
+                       (bf16, {"layad": "layad bf16", "upstream": "upstream bf16"})):
         if doc:
             print("\n".join(parity(doc, names)))
     if forward:

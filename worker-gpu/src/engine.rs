@@ -145,6 +145,11 @@ impl CandleEngine {
                     CpuKernels::detect()
                 )));
             }
+            if let Err(refused @ layad_cpu_kernels::amx::AmxUnavailable::Refused(_)) =
+                layad_cpu_kernels::amx::Amx::detect()
+            {
+                tracing::warn!(cpu_kernels = %kernels, reason = %refused, "the CPU has AMX, not used");
+            }
             Some(kernels)
         } else {
             None
@@ -288,7 +293,7 @@ impl Engine for CandleEngine {
     }
 
     fn cpu_kernels(&self) -> Option<String> {
-        self.cpu_kernels.map(|k| k.as_str().to_owned())
+        self.cpu_kernels.map(CpuKernels::report)
     }
 
     fn gpu(&self) -> Option<GpuInfo> {

@@ -213,7 +213,7 @@ pub const FALLBACK_MARGIN: f64 = 3.0;
 
 /// Runs the gate on `model` (loaded in float32 on the CPU, packed for AVX-512): the float32
 /// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel and the same rows
-/// run again. On success the model stays in bf16 and the report says how close it came.
+/// run again (on AMX tiles for the `amx` family). On success the model stays in bf16 and the report says how close it came.
 pub fn bf16_kernels_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
@@ -230,7 +230,7 @@ pub fn bf16_kernels_behind_gate(
         name,
         checkpoint,
         (Precision::Bf16, parity::TOLERANCE),
-        "candle cpu bf16 avx512-bf16 (reference: candle cpu f32)".to_owned(),
+        format!("candle cpu bf16 {} (reference: candle cpu f32)", model.bf16_kernel()),
         &batches,
         &reference,
         &ours,

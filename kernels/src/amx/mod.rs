@@ -43,7 +43,7 @@ pub enum AmxUnavailable {
     #[error("the CPU has no AMX-TILE, AMX-INT8 and AMX-BF16")]
     NotInCpu,
     /// The CPU has AMX, but the kernel did not grant the tile registers.
-    #[error("the kernel refused AMX's tile state: {0}")]
+    #[error("AMX refused: {0}")]
     Refused(String),
 }
 

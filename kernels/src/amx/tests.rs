@@ -221,6 +221,10 @@ fn detection_follows_the_cpu() {
         }
     }
     assert_eq!(Amx::detect(), Amx::detect(), "asked once, the same answer");
+    assert_eq!(
+        AmxUnavailable::Refused("arch_prctl failed".to_owned()).to_string(),
+        "AMX refused: arch_prctl failed"
+    );
     #[cfg(target_arch = "x86_64")]
     assert_eq!(
         permission::cpu_has_amx(),

@@ -89,6 +89,18 @@ impl CpuKernels {
         }
     }
 
+    /// What the worker reports in `/health`: [`CpuKernels::as_str`], and where the CPU has AMX but
+    /// the operating system refused its tiles, why (`avx512 (AMX refused: …)`), so an operator
+    /// sees why a Xeon with AMX runs slower kernels.
+    pub fn report(self) -> String {
+        match layad_cpu_kernels::amx::Amx::detect() {
+            Err(refused @ layad_cpu_kernels::amx::AmxUnavailable::Refused(_)) if self != Self::Amx => {
+                format!("{} ({refused})", self.as_str())
+            }
+            _ => self.as_str().to_owned(),
+        }
+    }
+
     /// Runs `op` with this family's SIMD: AVX-512 (also beside AMX) or AVX2 as named (portable code
     /// if the CPU lacks it), and for `Gemm` whatever `pulp` finds best on this CPU.
     pub(crate) fn dispatch<Op: WithSimd>(self, op: Op) -> Op::Output {

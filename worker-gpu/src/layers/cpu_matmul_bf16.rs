@@ -146,19 +146,22 @@ impl Bf16Weight {
         let simd = if portable { None } else { bf16dp::Bf16Dp::try_new() };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        packed.par_chunks_mut(row_words * tile).enumerate().for_each(|(t, dst)| {
-            for r in 0..tile.min(m.saturating_sub(t * tile)) {
-                let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
-                #[cfg(target_arch = "x86_64")]
-                if let Some(simd) = simd {
-                    simd.pack_row(row, &mut dst[r..], tile);
-                    continue;
+        packed
+            .par_chunks_mut(row_words * tile)
+            .enumerate()
+            .for_each(|(t, dst)| {
+                for r in 0..tile.min(m.saturating_sub(t * tile)) {
+                    let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(simd) = simd {
+                        simd.pack_row(row, &mut dst[r..], tile);
+                        continue;
+                    }
+                    for (d, pair) in row.chunks(2).enumerate() {
+                        dst[d * tile + r] = pair_word(pair);
+                    }
                 }
-                for (d, pair) in row.chunks(2).enumerate() {
-                    dst[d * tile + r] = pair_word(pair);
-                }
-            }
-        });
+            });
         packed
     }
 

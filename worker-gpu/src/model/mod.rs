@@ -196,6 +196,16 @@ impl LayaModel {
         self.head.round_to_bf16_for_cpu()
     }
 
+    /// The bf16 kernel [`LayaModel::bf16_encoder`] runs: `amx-bf16` (AMX tiles, the `amx` family)
+    /// or `avx512-bf16`.
+    pub fn bf16_kernel(&self) -> &'static str {
+        if self.encoder.kernels() == CpuKernels::Amx {
+            "amx-bf16"
+        } else {
+            "avx512-bf16"
+        }
+    }
+
     /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's
     /// are always ~14-bit): 8 bits (with or without outliers held apart), or 16 bits as two u8
     /// planes.

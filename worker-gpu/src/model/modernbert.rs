@@ -157,6 +157,11 @@ impl Encoder {
         Int8Kernel::for_family(self.kernels)
     }
 
+    /// The float family the weights were packed for.
+    pub(crate) fn kernels(&self) -> CpuKernels {
+        self.kernels
+    }
+
     /// Replaces every encoder matrix by its int8 quantization (`dtype = "int8"`, CPU only), for the
     /// integer kernel that goes with the packed float family.
     pub(crate) fn quantize_for_cpu(&mut self) -> candle_core::Result<()> {
