@@ -38,7 +38,7 @@ async fn readyz_is_503_until_the_workers_are_ready() {
     assert_eq!(worker["dtype"], "f32");
     // The real worker chose its CPU kernels at start-up from what this CPU has.
     let kernels = worker["cpu_kernels"].as_str().unwrap_or_default();
-    assert!(["avx512", "avx2", "gemm"].contains(&kernels), "{worker}");
+    assert!(["amx", "avx512", "avx2", "gemm"].contains(&kernels), "{worker}");
     let revisions: Vec<&str> = worker["checkpoints"]
         .as_array()
         .expect("checkpoints")

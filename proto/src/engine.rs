@@ -142,7 +142,7 @@ pub trait Engine: Send + 'static {
         Vec::new()
     }
 
-    /// On the CPU, the SIMD kernel family the matrix products run on (`avx512`, `avx2`, `gemm`);
+    /// On the CPU, the SIMD kernel family the matrix products run on (`amx`, `avx512`, `avx2`, `gemm`);
     /// `None` on other devices and for engines that do not choose one.
     fn cpu_kernels(&self) -> Option<String> {
         None

@@ -152,7 +152,7 @@ pub struct WorkerStatus {
     /// The parity gate it passed before it became ready, per checkpoint (workers that run a
     /// converted graph, such as `layad-worker-ane`); empty otherwise.
     pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
-    /// CPU workers: the SIMD kernels their matrix products run on (`avx512`, `avx2`, `gemm`), once
+    /// CPU workers: the SIMD kernels their matrix products run on (`amx`, `avx512`, `avx2`, `gemm`), once
     /// reported.
     pub cpu_kernels: Option<String>,
     /// GPU workers: the device as its driver describes it (name, memory, compute capability), once

@@ -20,9 +20,10 @@ struct Args {
     #[command(flatten)]
     common: WorkerArgs,
 
-    /// CPU kernels of matrix products and attention: auto (the best this CPU has: avx512, else
-    /// avx2), avx512, avx2, or gemm (candle's own matmul and composed ops). Naming kernels the CPU
-    /// lacks fails the start. The supervisor leaves it at auto.
+    /// CPU kernels of matrix products and attention: auto (the best this CPU has: amx, else
+    /// avx512, else avx2), amx (avx512 with the int8 and bf16 products on AMX tiles), avx512, avx2,
+    /// or gemm (candle's own matmul and composed ops). Naming kernels the CPU lacks fails the
+    /// start. The supervisor leaves it at auto.
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     cpu_kernels: Kernels,
 

@@ -269,11 +269,17 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
         && std::arch::is_x86_feature_detected!("avx512bw");
     #[cfg(not(target_arch = "x86_64"))]
     let native = false;
+    // On AMX the same panels run on its tiles.
+    let kernel = if CpuKernels::Amx.available() {
+        "amx-bf16"
+    } else {
+        "avx512-bf16"
+    };
     let engine = engine(Precision::Bf16);
     let reports = layad_proto::Engine::parity(&engine);
     assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
     for report in &reports {
-        assert_eq!(report.executor.contains("avx512-bf16"), native, "{report:?}");
+        assert_eq!(report.executor.contains(kernel), native, "{report:?}");
         assert!(report.max_probability_diff <= 0.02, "{report:?}");
     }
     // An AVX2 engine never takes the AVX-512 bf16 kernel.
@@ -282,7 +288,7 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
         assert!(
             layad_proto::Engine::parity(&avx2)
                 .iter()
-                .all(|r| !r.executor.contains("avx512-bf16"))
+                .all(|r| !r.executor.contains("avx512-bf16") && !r.executor.contains("amx-bf16"))
         );
     }
 }
@@ -302,6 +308,13 @@ fn f16_stays_close_to_upstream() {
 fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
     let vnni = cfg!(target_arch = "x86_64") && CpuKernels::Avx512.available() && has_vnni();
     let mut kernels = vec![(None, if vnni { "avx512-vnni u16 activations" } else { "" })];
+    // With AMX the default runs its tiles; the VNNI kernel is then asked for by name.
+    if CpuKernels::Amx.available() {
+        kernels = vec![
+            (None, "amx-int8 u16 activations"),
+            (Some(CpuKernels::Avx512), "avx512-vnni u16 activations"),
+        ];
+    }
     if CpuKernels::Avx2.available() {
         let executor = if has_avx_vnni() {
             "avx-vnni u16 activations"
