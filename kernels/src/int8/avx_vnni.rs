@@ -40,7 +40,8 @@ impl AvxVnni {
         has.then_some(Self(()))
     }
 
-    /// [`super::activations::quantize_row`] with AVX2: the same levels, bytes and quantization exactly.
+    /// [`super::activations::quantize_row`] with AVX2: the same levels, bytes and quantization
+    /// exactly.
     pub(super) fn quantize_row(
         self,
         row: &[f32],
@@ -137,9 +138,9 @@ fn quantize_row(row: &[f32], levels: f32, hi: &mut [u8], lo: Option<&mut [u8]>) 
     Some(quantize_levels(row, (min, max), levels, hi, lo))
 }
 
-/// 8 lanes at a time as [`super::activations::quantize_levels`]: a product and a sum rounded apart (no fused
-/// multiply-add), clamped, then `cvtps2dq`'s round to nearest even, which `round_small` also
-/// computes.
+/// 8 lanes at a time as [`super::activations::quantize_levels`]: a product and a sum rounded apart
+/// (no fused multiply-add), clamped, then `cvtps2dq`'s round to nearest even, which `round_small`
+/// also computes.
 #[target_feature(enable = "avx2,fma")]
 fn quantize_levels(
     row: &[f32],

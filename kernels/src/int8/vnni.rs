@@ -37,7 +37,8 @@ impl Vnni {
         has.then_some(Self(()))
     }
 
-    /// [`super::activations::quantize_row`] with AVX-512: the same levels, bytes and quantization exactly.
+    /// [`super::activations::quantize_row`] with AVX-512: the same levels, bytes and quantization
+    /// exactly.
     pub(super) fn quantize_row(
         self,
         row: &[f32],
@@ -49,7 +50,8 @@ impl Vnni {
         unsafe { quantize_row(row, levels, hi, lo) }
     }
 
-    /// [`super::activations::quantize_levels`] with AVX-512: the same levels, bytes and quantization exactly.
+    /// [`super::activations::quantize_levels`] with AVX-512: the same levels, bytes and
+    /// quantization exactly.
     pub(super) fn quantize_levels(
         self,
         row: &[f32],
