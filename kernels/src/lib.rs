@@ -12,9 +12,9 @@
 //!   reuse, and the weight slices streamed into L2 while the current ones compute (next slices,
 //!   prefetch). Each format keeps its own depth × row tile × panel loop, beside its microkernel
 //!   call, because the tiles' shapes and element types differ.
-//! - [`f32`]: [`f32::PackedWeight`], float32 weights packed once into column panels; `f32/simd.rs`
-//!   is the microkernel for both x86-64 families through `pulp` (AVX-512F, AVX2 + FMA), the
-//!   portable tile beside it.
+//! - [`f32`](mod@f32): [`f32::PackedWeight`], float32 weights packed once into column panels;
+//!   `f32/simd.rs` is the microkernel for both x86-64 families through `pulp` (AVX-512F, AVX2 +
+//!   FMA), the portable tile beside it.
 //! - [`int8`]: [`int8::QuantizedWeight`], weights quantized per column for the integer kernel
 //!   chosen beside the family ([`int8::Int8Kernel`]): `mod.rs` the weight and its two layouts
 //!   (u8 × s8 quads, i16 pairs); `activations.rs` the rows' quantization ([`int8::Int8Activations`],
