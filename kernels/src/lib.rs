@@ -1,7 +1,28 @@
 //! layad's CPU matrix kernels, free of candle: slices in, slices out. The worker (`worker-gpu`)
-//! keeps the candle adapters, the weights' formats and the choice of CPU or device.
+//! keeps the candle adapters (its `CpuMatmul` op runs any [`CpuWeight`]), the weights its
+//! linear layers hold and the choice of CPU or device; everything here is packing, quantization,
+//! the panel driver and the microkernels.
 //!
-//! Layout:
+//! Layout, one concern per module (no file past ~800 lines):
+//! - [`CpuKernels`] (`family.rs`): the kernel family, detected once at load ([`CpuKernels::detect`],
+//!   or parsed from `amx`, `avx512`, `avx2`, `gemm`), reported (`/health`), and turned into
+//!   `pulp`'s SIMD token ([`CpuKernels::dispatch`], also for the worker's elementwise ops).
+//! - `driver.rs`: what every format's products share: the output cut into parallel column blocks
+//!   (copied into place, or written in place through column ranges), the per-thread buffers they
+//!   reuse, and the weight slices streamed into L2 while the current ones compute (next slices,
+//!   prefetch). Each format keeps its own depth × row tile × panel loop, beside its microkernel
+//!   call, because the tiles' shapes and element types differ.
+//! - [`f32`](mod@f32): [`f32::PackedWeight`], float32 weights packed once into column panels;
+//!   `f32/simd.rs` is the microkernel for both x86-64 families through `pulp` (AVX-512F, AVX2 +
+//!   FMA), the portable tile beside it.
+//! - [`int8`]: [`int8::QuantizedWeight`], weights quantized per column for the integer kernel
+//!   chosen beside the family ([`int8::Int8Kernel`]): `mod.rs` the weight and its two layouts
+//!   (u8 × s8 quads, i16 pairs); `activations.rs` the rows' quantization ([`int8::Int8Activations`],
+//!   outliers included); `combine.rs` integer sums to floats; `quads.rs` and `pairs.rs` each
+//!   layout's loop with its portable tile; `vnni.rs` (AVX512-VNNI) and `avx_vnni.rs` (AVX-VNNI) the
+//!   SIMD microkernels, row quantization and combine; AMX's `tdpbusd` through [`amx`].
+//! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
+//!   microkernel (`vdpbf16ps`), AMX's `tdpbf16ps` through [`amx`].
 //! - [`amx`]: Intel AMX (Sapphire Rapids and later Xeons): the CPU's tile permission and why it was
 //!   refused ([`amx::Amx::detect`]), and one driver that multiplies row-major activation words by
 //!   packed 32-column weight panels on the tile registers, for two formats:
@@ -14,7 +35,32 @@
 //!   which is how the tests check the packing and the tile layout on every CPU, and the AMX code
 //!   against it bit for bit where the CPU has AMX.
 //!
-//! `unsafe` lives only in the modules that execute tile instructions (`amx::tiles`) and in the
-//! permission request (`amx::permission`), each use with its SAFETY note.
+//! Every SIMD kernel has a portable twin the tests compare it with: bit for bit for the integer
+//! sums, the row quantization and the combine (int8) and the f32 panels; within f32 rounding where
+//! the instruction rounds differently (bf16's `vdpbf16ps`), and against a float64 product.
+//!
+//! `unsafe` lives in the modules that execute SIMD or tile instructions (`int8::vnni`,
+//! `int8::avx_vnni`, `bf16::avx512`, `amx::tiles`), in the permission request
+//! (`amx::permission`), and in three marked places of `driver.rs` (the prefetch hint and the
+//! in-place output's disjoint column ranges), each use with its SAFETY note. The x86-only modules
+//! compile only for x86-64; elsewhere the worker runs candle's matmul (the `gemm` family).
 
 pub mod amx;
+pub mod bf16;
+mod driver;
+pub mod f32;
+mod family;
+pub mod int8;
+
+pub use family::CpuKernels;
+
+/// A constant weight `[k, n]` prepared for the CPU kernels (packed f32, bf16 or int8): what the
+/// worker's candle op (`CpuMatmul`) needs to run it.
+pub trait CpuWeight: Sync {
+    /// The op's name in candle's errors.
+    const NAME: &'static str;
+    /// Input features (`k`) and output features (`n`).
+    fn dims(&self) -> (usize, usize);
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32>;
+}

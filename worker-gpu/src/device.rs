@@ -59,7 +59,7 @@ pub enum Precision {
     /// bfloat16 weights and matmuls (upstream's CUDA autocast with the published `amp_dtype`).
     Bf16,
     /// CPU only: the matrix products of the encoder and of the decision head's layers with int8
-    /// weights and integer dot products (`layers::cpu_matmul_int8`); everything else float32. Served only behind a parity gate
+    /// weights and integer dot products (`layad_cpu_kernels::int8`); everything else float32. Served only behind a parity gate
     /// against the float32 forward ([`crate::gate`]).
     Int8,
 }

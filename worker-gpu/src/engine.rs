@@ -3,6 +3,8 @@
 
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{
     DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
     ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
@@ -13,8 +15,6 @@ use crate::cuda;
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
-use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::model::LayaModel;
 
 /// How the engine is set up.
@@ -158,7 +158,7 @@ impl CandleEngine {
         // native bf16 kernel (candle's bf16 CPU path is slower than f32 there).
         let bf16_kernels = precision == Precision::Bf16
             && matches!(cpu_kernels, Some(CpuKernels::Avx512 | CpuKernels::Amx))
-            && crate::layers::cpu_matmul_bf16::available();
+            && layad_cpu_kernels::bf16::available();
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();

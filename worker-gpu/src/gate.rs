@@ -16,11 +16,11 @@ use laya::prompt::{RowLimits, build_rows};
 use laya::question::parse_questions;
 use laya::request::{RequestLimits, parse_body};
 use laya::upstream::Upstream;
+use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{EngineOutput, EngineRow, ParityReport};
 
 use crate::device::Precision;
 use crate::error::LoadError;
-use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::model::LayaModel;
 use crate::parity::{self, GateSummary};
 

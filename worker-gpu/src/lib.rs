@@ -37,6 +37,6 @@ mod weights;
 pub use device::{DeviceRequest, Precision, SelectedDevice};
 pub use engine::{CandleEngine, EngineOptions};
 pub use error::LoadError;
-pub use layers::cpu_matmul::CpuKernels;
-pub use layers::cpu_matmul_int8::Int8Activations;
+pub use layad_cpu_kernels::CpuKernels;
+pub use layad_cpu_kernels::int8::Int8Activations;
 pub use model::LayaModel;

@@ -1,18 +1,20 @@
 //! One encoder layer's attention on the CPU in float32 as a single op: the fused q/k/v projection
 //! in, RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out.
 //!
-//! Each (row, head) is one task on the rayon pool, with a micro-kernel like `cpu_matmul`'s that
-//! reads its rows in place for q·kᵀ and p·v; a sliding-window layer computes only the key panels
-//! its window reaches. The composed candle version materialises and copies every intermediate and
-//! syncs its thread pool per op (about 20 per layer). Padded positions neither attend nor are attended to; their outputs are zero.
+//! Each (row, head) is one task on the rayon pool, with a micro-kernel like the f32 matmul's
+//! (`layad_cpu_kernels::f32`) that reads its rows in place for q·kᵀ and p·v; a sliding-window layer
+//! computes only the key panels its window reaches. The composed candle version materialises and
+//! copies every intermediate and syncs its thread pool per op (about 20 per layer). Padded
+//! positions neither attend nor are attended to; their outputs are zero.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::f32::MR;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 use crate::layers::cpu_kernels::fill_rows;
-use crate::layers::cpu_matmul::{CpuKernels, MR};
 
 /// The attention of one layer over a right-padded batch.
 pub(crate) struct AttentionOp<'a> {
@@ -249,7 +251,7 @@ impl RowsProduct<'_> {
     }
 }
 
-/// [`RowsProduct`] for `R` rows: `R × 2` accumulator registers, as `cpu_matmul`'s tile.
+/// [`RowsProduct`] for `R` rows: `R × 2` accumulator registers, as the f32 matmul's tile (`layad_cpu_kernels::f32`).
 struct RowsTile<'a, const R: usize>(RowsProduct<'a>);
 
 impl<const R: usize> WithSimd for RowsTile<'_, R> {

@@ -7,10 +7,9 @@ use std::mem::MaybeUninit;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape};
+use layad_cpu_kernels::CpuKernels;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
-
-use crate::layers::cpu_matmul::CpuKernels;
 
 fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(data) = storage else {

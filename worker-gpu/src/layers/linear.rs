@@ -1,14 +1,16 @@
 //! `y = x·Wᵀ (+ b)` in the compute precision: the input is cast down, the output stays in the
 //! compute dtype (what torch autocast does for `nn.Linear`). float32 on the CPU runs the packed
-//! kernels of `cpu_matmul` once [`Linear::pack_for_cpu`] was called, and int8 ones (`cpu_matmul_int8`)
-//! once [`Linear::quantize_for_cpu`] was.
+//! kernels of `layad-cpu-kernels` (through `cpu_matmul`'s candle op) once [`Linear::pack_for_cpu`]
+//! was called, and int8 ones once [`Linear::quantize_for_cpu`] was.
 
 use candle_core::{DType, Tensor};
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::bf16::Bf16Weight;
+use layad_cpu_kernels::f32::PackedWeight;
+use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel, QuantizedWeight};
 
 use crate::error::LoadError;
-use crate::layers::cpu_matmul::{CpuKernels, CpuMatmul, PackedWeight};
-use crate::layers::cpu_matmul_bf16::Bf16Weight;
-use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel, QuantizedWeight};
+use crate::layers::cpu_matmul::CpuMatmul;
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.

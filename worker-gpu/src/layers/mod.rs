@@ -5,8 +5,6 @@ pub(crate) mod attention;
 pub(crate) mod cpu_attention;
 pub(crate) mod cpu_kernels;
 pub(crate) mod cpu_matmul;
-pub(crate) mod cpu_matmul_bf16;
-pub(crate) mod cpu_matmul_int8;
 pub(crate) mod linear;
 pub(crate) mod norm;
 pub(crate) mod rotary;

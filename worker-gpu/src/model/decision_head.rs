@@ -5,11 +5,11 @@
 //! floats per row; they are computed on the host in float32, between the scorer and the act head.
 
 use candle_core::{DType, Tensor};
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
 use crate::layers::attention::attend;
-use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel};
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::model::batch::PaddedBatch;

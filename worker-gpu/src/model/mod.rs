@@ -9,12 +9,12 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{EngineOutput, EngineRow};
 
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
-use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::Int8Activations;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -189,7 +189,7 @@ impl LayaModel {
     /// the packed float32 weights are rounded to bf16 and dropped. Embeddings, norms, attention, the
     /// scorer and the act head stay float32 (as with int8). CPU models packed for AVX-512 only.
     pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
-        if !self.device.is_cpu() || !crate::layers::cpu_matmul_bf16::available() {
+        if !self.device.is_cpu() || !layad_cpu_kernels::bf16::available() {
             candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")
         }
         self.encoder.round_to_bf16_for_cpu()?;

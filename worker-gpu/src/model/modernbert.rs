@@ -6,13 +6,13 @@
 
 use candle_core::{DType, Device, Tensor};
 use laya::config::{EncoderConfig, LayerType};
+use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
 use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::{AddOp, GeGluOp};
-use crate::layers::cpu_matmul::CpuKernels;
-use crate::layers::cpu_matmul_int8::{Int8Activations, Int8Kernel};
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;

@@ -1,0 +1,285 @@
+//! bf16 products of activations by constant weights on CPUs with AVX512_BF16 (`dtype = "bf16"` on
+//! the CPU): weights rounded to bf16 once at load, activation rows rounded to bf16 at each call,
+//! `vdpbf16ps` (32 bf16 products summed pairwise into 16 f32 lanes per instruction, twice the
+//! products of an f32 FMA), f32 sums and results.
+//!
+//! Why not candle's bf16 CPU path: its matmul converts and multiplies through the `gemm` crate
+//! without native bf16 dot products, and every other op of a bf16 forward runs candle's slower bf16
+//! elementwise code; measured 2× slower than f32 on this machine (issue 26). Here only the matrix
+//! products of the encoder and of the decision head's layers change precision: embeddings, norms,
+//! attention, the scorer and the act head stay f32, as with int8. Served only behind the parity
+//! gate against the f32 forward (`gate.rs`).
+//!
+//! With AMX (the `amx` kernel family) the same panels run on the tile registers instead
+//! (`tdpbf16ps`, `crate::amx`): the depth padded to whole tiles of 16 pairs, the
+//! activation rows laid out one after another (padded to 16 rows) instead of in tiles of 8.
+
+use rayon::prelude::*;
+
+use crate::CpuWeight;
+use crate::amx::{Amx, Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
+use crate::driver::{NextSlices, Prefetch, bias_rows, in_column_blocks};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+/// Columns per packed panel: two AVX-512 registers of f32 sums.
+const NR: usize = 32;
+/// Rows of the activation tile one kernel call computes.
+const MR: usize = 8;
+/// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
+const KC: usize = 128;
+
+/// `v` rounded to bf16 (to nearest, ties to even), as its 16 bits; NaN stays NaN.
+pub(crate) fn to_bf16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// One or two values (a depth pair, zero past `k`) as the word `bf16(lo) | bf16(hi) << 16`.
+fn pair_word(pair: &[f32]) -> u32 {
+    let lo = u32::from(to_bf16(pair[0]));
+    let hi = pair.get(1).map_or(0, |&v| u32::from(to_bf16(v)));
+    lo | hi << 16
+}
+
+/// The f32 value of bf16 bits.
+fn from_bf16(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// Whether this CPU runs the bf16 kernel (AVX-512F and AVX512_BF16).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512::Bf16Dp::try_new().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A weight `[k, n]` in bf16, packed: panel `p` holds columns `p·32 .. p·32 + 32` (zero past `n`);
+/// per depth pair `d`, column `c` holds `[w(2d, c), w(2d + 1, c)]` (zero past `k`).
+pub struct Bf16Weight {
+    k: usize,
+    n: usize,
+    /// Whether the products run on AMX tiles (else the AVX512_BF16 kernel).
+    tiles: bool,
+    pairs: usize,
+    panels: Vec<u16>,
+    bias: Option<Vec<f32>>,
+}
+
+impl Bf16Weight {
+    /// Rounds and packs the weight whose entry `(depth, col)` is `value(depth, col)`, for AMX's
+    /// tiles when `tiles` (else for the AVX512_BF16 kernel).
+    pub fn pack_with(
+        value: impl Fn(usize, usize) -> f32 + Sync,
+        k: usize,
+        n: usize,
+        bias: Option<Vec<f32>>,
+        tiles: bool,
+    ) -> Self {
+        let pairs = if tiles {
+            k.div_ceil(2 * TILE_WORDS) * TILE_WORDS
+        } else {
+            k.div_ceil(2)
+        };
+        let count = n.div_ceil(NR);
+        let mut panels = vec![0u16; count * pairs * 2 * NR];
+        if k > 0 {
+            panels
+                .par_chunks_mut(pairs * 2 * NR)
+                .enumerate()
+                .for_each(|(p, panel)| {
+                    for c in 0..NR.min(n - p * NR) {
+                        let col = p * NR + c;
+                        for depth in 0..k {
+                            panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = to_bf16(value(depth, col));
+                        }
+                    }
+                });
+        }
+        Self {
+            k,
+            n,
+            tiles,
+            pairs,
+            panels,
+            bias,
+        }
+    }
+
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_with(x, m, false)
+    }
+
+    fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
+        if m == 0 || self.n == 0 || self.k == 0 {
+            return bias_rows(self.bias.as_deref(), m, self.n);
+        }
+        let packed_x = self.pack_rows(x, m, portable);
+        in_column_blocks(m, self.n, NR, self.bias.as_deref(), |first, count, block| {
+            self.block(&packed_x, m, first, count, block, portable);
+        })
+    }
+
+    /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
+    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`); for AMX the rows' words one
+    /// row after another instead (`amx::row_stride` words apart), rows padded to 16. With the kernel (and not `portable`) rows are
+    /// rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
+    /// zero.
+    fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
+        let (k, pairs) = (self.k, self.pairs);
+        // Rows per chunk of the packed words, a row's words `tile` apart, and the words per row.
+        let tile = if self.tiles { 1 } else { MR };
+        let (rows, row_words) = if self.tiles {
+            (m.next_multiple_of(TILE_ROWS), row_stride(pairs))
+        } else {
+            (m.next_multiple_of(MR), pairs)
+        };
+        let mut packed = vec![0u32; rows * row_words];
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable { None } else { avx512::Bf16Dp::try_new() };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        packed
+            .par_chunks_mut(row_words * tile)
+            .enumerate()
+            .for_each(|(t, dst)| {
+                for r in 0..tile.min(m.saturating_sub(t * tile)) {
+                    let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(simd) = simd {
+                        simd.pack_row(row, &mut dst[r..], tile);
+                        continue;
+                    }
+                    for (d, pair) in row.chunks(2).enumerate() {
+                        dst[d * tile + r] = pair_word(pair);
+                    }
+                }
+            });
+        packed
+    }
+
+    fn block(&self, packed_x: &[u32], m: usize, first: usize, count: usize, block: &mut [f32], portable: bool) {
+        let pairs = self.pairs;
+        let stride = count * NR;
+        if self.tiles {
+            let product = TileProduct::<Bf16Tiles> {
+                a: packed_x,
+                a_stride: row_stride(pairs),
+                rows: m,
+                words: pairs,
+                panels: &self.panels[first * pairs * 2 * NR..(first + count) * pairs * 2 * NR],
+                out: block,
+                stride,
+            };
+            // The tile model where AMX is not granted (the tests' portable path).
+            match Amx::detect() {
+                Ok(amx) if !portable => amx.multiply(product),
+                _ => product.model(),
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        let simd = if portable { None } else { avx512::Bf16Dp::try_new() };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        let next = NextSlices {
+            panels: &self.panels,
+            panel_units: pairs,
+            unit: 2 * NR,
+            pass: KC,
+            count,
+            tiles: m.div_ceil(MR),
+        };
+        let mut depth = 0;
+        while depth < pairs {
+            let kc = KC.min(pairs - depth);
+            let prefetch = next.pass(depth, kc);
+            for (tile, row) in (0..m).step_by(MR).enumerate() {
+                let rows = MR.min(m - row);
+                let x = &packed_x[(tile * pairs + depth) * MR..(tile * pairs + depth + kc) * MR];
+                for p in 0..count {
+                    let start = (first + p) * pairs * 2 * NR;
+                    let call = Bf16TileCall {
+                        x,
+                        panel: &self.panels[start + depth * 2 * NR..start + (depth + kc) * 2 * NR],
+                        out: &mut block[row * stride + p * NR..],
+                        stride,
+                        accumulate: depth > 0,
+                        prefetch: prefetch.share(first + p, tile),
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(simd) = simd {
+                        simd.tile(rows, call);
+                        continue;
+                    }
+                    scalar_tile(rows, call);
+                }
+            }
+            depth += kc;
+        }
+    }
+}
+
+/// One kernel call: `rows` rows of packed bf16 pairs (`MR` words per pair) times one panel slice
+/// (`2·NR` bf16 per pair), into `out` (rows `stride` apart), added to what `out` holds when
+/// `accumulate`.
+struct Bf16TileCall<'a> {
+    x: &'a [u32],
+    panel: &'a [u16],
+    out: &'a mut [f32],
+    stride: usize,
+    accumulate: bool,
+    /// Weights to request into L2 during the call ([`NextSlices`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    prefetch: Prefetch<'a, u16>,
+}
+
+/// The tile in portable code (the same products in f32; the sums may differ from `vdpbf16ps` in
+/// the last bits, which rounds differently inside a pair).
+fn scalar_tile(rows: usize, call: Bf16TileCall<'_>) {
+    let Bf16TileCall {
+        x,
+        panel,
+        out,
+        stride,
+        accumulate,
+        prefetch: _,
+    } = call;
+    for r in 0..rows {
+        let dst = &mut out[r * stride..r * stride + NR];
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        for (w, a) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(MR)) {
+            let (lo, hi) = (from_bf16(a[r] as u16), from_bf16((a[r] >> 16) as u16));
+            for (o, w) in dst.iter_mut().zip(w.chunks_exact(2)) {
+                *o += lo * from_bf16(w[0]) + hi * from_bf16(w[1]);
+            }
+        }
+    }
+}
+
+impl CpuWeight for Bf16Weight {
+    const NAME: &'static str = "laya-bf16-matmul";
+
+    fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        Bf16Weight::matmul(self, x, m)
+    }
+}

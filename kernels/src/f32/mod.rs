@@ -1,0 +1,270 @@
+//! Float32 products of activations by constant weights on the CPU: each weight is packed once, at
+//! load, into column panels for the kernel family chosen at run time (AVX-512 or AVX2+FMA), so a
+//! forward packs only its few activation rows; every product runs on the calling rayon pool.
+//!
+//! Why not candle's matmul (the `gemm` crate): it repacks the weight on every call and splits few
+//! rows poorly across threads; on one 64-token row that made the matrix products about twice as slow
+//! as these kernels (docs/benchmarks.md). Other devices and precisions keep candle's matmul.
+
+use rayon::prelude::*;
+
+use crate::CpuKernels;
+use crate::CpuWeight;
+use crate::bf16::Bf16Weight;
+use crate::driver::{NextSlices, Prefetch, bias_rows, in_column_blocks};
+use crate::int8::{Int8Kernel, QuantizedWeight};
+
+#[cfg(target_arch = "x86_64")]
+mod simd;
+#[cfg(test)]
+pub(crate) mod tests;
+
+#[cfg(target_arch = "x86_64")]
+use simd::simd_tile;
+
+/// Rows of the activation tile one kernel call computes.
+pub const MR: usize = 6;
+/// Depth of one pass: a weight panel's slice of `KC` rows stays in L1 while every row tile uses it.
+const KC: usize = 256;
+
+/// A weight `[k, n]` (the transposed PyTorch `[out, in]`) packed for one kernel family: panel `p`
+/// holds columns `p·nr .. p·nr + nr` (zero past `n`), row after row.
+pub struct PackedWeight {
+    kernels: CpuKernels,
+    k: usize,
+    n: usize,
+    nr: usize,
+    panels: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl PackedWeight {
+    /// Packs `weight_t` (`[k, n]` row-major) and an optional bias `[n]` for `kernels` (not `Gemm`):
+    /// the tests' way in; a load packs the file's layout with [`PackedWeight::pack_out_in`].
+    #[cfg(test)]
+    pub(crate) fn pack(weight_t: &[f32], k: usize, n: usize, bias: Option<Vec<f32>>, kernels: CpuKernels) -> Self {
+        let nr = kernels.panel_width();
+        let count = n.div_ceil(nr);
+        let mut panels = vec![0f32; count * k * nr];
+        panels
+            .par_chunks_mut((k * nr).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let width = nr.min(n - p * nr);
+                for (row, dst) in panel.chunks_exact_mut(nr).enumerate() {
+                    let src = &weight_t[row * n + p * nr..row * n + p * nr + width];
+                    dst[..width].copy_from_slice(src);
+                }
+            });
+        Self {
+            kernels,
+            k,
+            n,
+            nr,
+            panels,
+            bias,
+        }
+    }
+
+    /// Packs `weight` as the file holds it, `[n, k]` (PyTorch's `[out, in]`): the same panels as
+    /// [`PackedWeight::pack`] of its transpose, without the transpose. With `scale = (start, len,
+    /// factor)`, outputs `start..start + len` are multiplied by `factor` on the way.
+    pub fn pack_out_in(
+        weight: &[f32],
+        k: usize,
+        n: usize,
+        bias: Option<Vec<f32>>,
+        kernels: CpuKernels,
+        scale: Option<(usize, usize, f64)>,
+    ) -> Self {
+        let nr = kernels.panel_width();
+        let count = n.div_ceil(nr);
+        let mut panels = vec![0f32; count * k * nr];
+        panels
+            .par_chunks_mut((k * nr).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..nr.min(n - p * nr) {
+                    let col = p * nr + c;
+                    let row = &weight[col * k..(col + 1) * k];
+                    let factor = match scale {
+                        Some((start, len, factor)) if (start..start + len).contains(&col) => Some(factor as f32),
+                        _ => None,
+                    };
+                    let column = panel.iter_mut().skip(c).step_by(nr);
+                    match factor {
+                        Some(factor) => column.zip(row).for_each(|(dst, &v)| *dst = v * factor),
+                        None => column.zip(row).for_each(|(dst, &v)| *dst = v),
+                    }
+                }
+            });
+        Self {
+            kernels,
+            k,
+            n,
+            nr,
+            panels,
+            bias,
+        }
+    }
+
+    /// The weight rounded to bf16 for the AVX512_BF16 kernel (AMX's tiles for the `amx` family),
+    /// read straight from the panels.
+    pub fn to_bf16(&self) -> Bf16Weight {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
+        Bf16Weight::pack_with(
+            value,
+            self.k,
+            self.n,
+            self.bias.clone(),
+            self.kernels == CpuKernels::Amx,
+        )
+    }
+
+    /// The weight quantized to int8 for `kernel`, read straight from the panels.
+    pub fn quantize(&self, kernel: Int8Kernel) -> QuantizedWeight {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
+        QuantizedWeight::quantize_with(value, self.k, self.n, self.bias.clone(), kernel)
+    }
+
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (k, n, nr) = (self.k, self.n, self.nr);
+        if m == 0 || n == 0 || k == 0 {
+            return bias_rows(self.bias.as_deref(), m, n);
+        }
+        let packed_x = pack_rows(x, m, k);
+        in_column_blocks(m, n, nr, self.bias.as_deref(), |first, count, block| {
+            self.block(&packed_x, m, first, count, block);
+        })
+    }
+
+    /// Panels `first .. first + count` for every row into `block` (`[m, count·nr]`). Per depth
+    /// pass, each row tile (in L1) meets every panel slice of the task (in L2).
+    fn block(&self, packed_x: &[f32], m: usize, first: usize, count: usize, block: &mut [f32]) {
+        let (k, nr) = (self.k, self.nr);
+        let stride = count * nr;
+        let next = NextSlices {
+            panels: &self.panels,
+            panel_units: k,
+            unit: nr,
+            pass: KC,
+            count,
+            tiles: m.div_ceil(MR),
+        };
+        let mut depth = 0;
+        while depth < k {
+            let kc = KC.min(k - depth);
+            let prefetch = next.pass(depth, kc);
+            for (tile, row) in (0..m).step_by(MR).enumerate() {
+                let rows = MR.min(m - row);
+                let x = &packed_x[(tile * k + depth) * MR..(tile * k + depth + kc) * MR];
+                for p in 0..count {
+                    let start = (first + p) * k * nr;
+                    let call = TileCall {
+                        x,
+                        panel: &self.panels[start + depth * nr..start + (depth + kc) * nr],
+                        out: &mut block[row * stride + p * nr..],
+                        stride,
+                        accumulate: depth > 0,
+                        prefetch: prefetch.share(first + p, tile),
+                    };
+                    self.run(rows, call);
+                }
+            }
+            depth += kc;
+        }
+    }
+
+    fn run(&self, rows: usize, call: TileCall<'_>) {
+        self.kernels.tile(rows, self.nr, call);
+    }
+}
+
+impl CpuKernels {
+    /// One micro-kernel call of this family on `rows` (at most `MR`) rows, panels `nr` wide.
+    pub(crate) fn tile(self, rows: usize, nr: usize, call: TileCall<'_>) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            CpuKernels::Amx | CpuKernels::Avx512 => match pulp::x86::V4::try_new() {
+                Some(simd) => simd_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, call),
+            },
+            #[cfg(target_arch = "x86_64")]
+            CpuKernels::Avx2 => match pulp::x86::V3::try_new() {
+                Some(simd) => simd_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, call),
+            },
+            _ => scalar_tile(rows, nr, call),
+        }
+    }
+}
+
+/// The tile without SIMD, for a family the CPU lacks (the engine refuses those at load; this keeps
+/// a mistake slow rather than wrong).
+fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
+    let TileCall {
+        x,
+        panel,
+        out,
+        stride,
+        accumulate,
+        prefetch: _,
+    } = call;
+    for r in 0..rows {
+        let dst = &mut out[r * stride..r * stride + nr];
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        for (w, a) in panel.chunks_exact(nr).zip(x.chunks_exact(MR)) {
+            for (o, &w) in dst.iter_mut().zip(w) {
+                *o = a[r].mul_add(w, *o);
+            }
+        }
+    }
+}
+
+/// `x` `[m, k]` as row tiles of `MR`: tile `t` holds, for each depth, its `MR` values (zero past `m`).
+pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    let tiles = m.div_ceil(MR);
+    let mut packed = vec![0f32; tiles * k * MR];
+    packed.par_chunks_mut(k * MR).enumerate().for_each(|(t, dst)| {
+        for r in 0..MR.min(m - t * MR) {
+            let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
+            for (d, &v) in dst.chunks_exact_mut(MR).zip(row) {
+                d[r] = v;
+            }
+        }
+    });
+    packed
+}
+
+/// One kernel call: `R` rows of packed activations times one panel slice, into `out` (rows `stride`
+/// apart), added to what `out` holds when `accumulate`.
+pub(crate) struct TileCall<'a> {
+    /// Packed activation rows (`MR` values per depth), as [`pack_rows`] lays them out.
+    pub(crate) x: &'a [f32],
+    /// One panel: `nr` values per depth, as many depths as `x` has.
+    pub(crate) panel: &'a [f32],
+    /// The first output row; row `r` starts at `r·stride`, `nr` values each.
+    pub(crate) out: &'a mut [f32],
+    pub(crate) stride: usize,
+    pub(crate) accumulate: bool,
+    /// Weights to request into L2 during the call ([`NextSlices`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) prefetch: Prefetch<'a, f32>,
+}
+
+impl CpuWeight for PackedWeight {
+    const NAME: &'static str = "laya-packed-matmul";
+
+    fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        PackedWeight::matmul(self, x, m)
+    }
+}

@@ -1,0 +1,409 @@
+//! Int8 products of activations by constant weights on the CPU (`dtype = "int8"`): weights quantized
+//! per output column at load, activations per row at each call, integer sums, float32 results.
+//!
+//! Weights are symmetric 8-bit per output column (`scale = max|w| / 127`), packed once at load for
+//! the integer kernel this CPU runs best:
+//!
+//! - **AVX512-VNNI** (`vpdpbusd`: 64 u8 × s8 products summed into 16 i32 lanes per instruction, the
+//!   add included): weights as s8 in panels of 32 columns, four depths per i32 lane. Activations are
+//!   quantized per row *asymmetrically* to u8 (256 levels between the row's minimum and maximum,
+//!   zero included), and `zero_point · Σ_d w(d, c)` (a column sum computed at load) is subtracted
+//!   from each sum: `Σ (u − z)·w = Σ u·w − z·Σ w`. Plain 8 bits did not keep upstream's golden
+//!   rows within the parity gate (`gate.rs`) on the fixture checkpoints, so by default the gate
+//!   serves one u8 plane only where its rows stay within a third of its bound, else u16 (below).
+//!   Also ([`Int8Activations`]):
+//!   - **u8 with outliers** (`u8o:N`): the N largest-magnitude values of each row are held apart
+//!     (selected in O(k)), the row is quantized to u8 over the range of the others, the outliers'
+//!     bytes set to the zero point's level (exactly 0), and their products added exactly in f32
+//!     when the sums are combined: `sw[c] · Σ_j x_j · w(j, c)`, the weights read from the packed
+//!     quad panels (no second copy), 16 columns per fused multiply-add. One u8 plane plus about
+//!     `N·n/16` vector operations per row against the dense product's `k·n/64`. Closer than plain
+//!     u8 but still not within the gate on upstream's golden rows (measured in
+//!     docs/benchmarks.md): opt-in, behind the gate.
+//!   - **u16** (the default where u8 misses the gate's margin): 16 bits split into a high and a
+//!     low u8 plane, each run as its own row through the same kernel (`256·Σ hi·w + Σ lo·w`):
+//!     twice the dot products, still half the instructions per product of the AVX2 kernel below.
+//! - **AMX-INT8** (`tdpbusd`: a 16 × 16 tile of i32 sums from 16 rows × 64 u8 and 16 quads × 16
+//!   columns of s8 per instruction, `crate::amx`): the same quad panels (read in place
+//!   as tiles, the depth padded to whole tiles of 16 quads), activation planes, quantization and
+//!   combine as AVX512-VNNI, so the same sums exactly; only the activation planes are laid out
+//!   row by row (rows padded to 16) instead of in tiles of 8, as the tiles load them.
+//! - **AVX-VNNI** (the VEX-encoded `vpdpbusd` on 256-bit registers: Alder Lake and later Intel
+//!   cores, Zen 5): the same quad panels, activation planes and quantization as AVX512-VNNI, so the
+//!   same sums exactly, from four ymm accumulators per row of 32 columns, three rows per register
+//!   block. It is the integer kernel beside the AVX2 float family (`cpu_kernels = "avx2"`, which
+//!   keeps every kernel off 512-bit registers: its rows are quantized and combined with AVX2, its
+//!   outliers by the portable code), and beside AVX-512 on a CPU without AVX512-VNNI.
+//! - **AVX2** (`vpmaddwd`, i16 × i16 pairs summed into i32): weights held as i16 in panels of 16
+//!   columns; activations symmetric per row to as many levels as an i32 sum over the depth holds
+//!   (`127 · levels · k < 2³¹`: about 14 bits at k = 1024). Without VNNI, `vpmaddubsw` (u8 × s8)
+//!   needs a second `vpmaddwd` by ones to widen its saturating i16 pairs, so it does no fewer
+//!   multiply instructions and needs 7-bit activations to avoid saturation.
+//! - **Portable** integer code for other CPUs (and as the exact reference of every SIMD kernel in
+//!   the tests: the SIMD sums equal the portable sums bit for bit).
+//!
+//! `y = (acc − z·colsum) · sx[row] · sw[col] (+ outliers · sw[col]) (+ bias)` in f32. Measured in
+//! docs/benchmarks.md.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use crate::amx::Amx;
+use crate::amx::TILE_WORDS;
+use crate::driver::{bias_rows, in_column_ranges, with_reused};
+use crate::{CpuKernels, CpuWeight};
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx_vnni;
+mod combine;
+mod pairs;
+mod quads;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+pub use activations::Int8Activations;
+use activations::{RowOutliers, round_small};
+
+/// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
+const NR: usize = 16;
+/// Rows of the activation tile one pair-kernel call computes.
+const MR: usize = 6;
+/// Depth pairs of one pass: a panel slice of `KC` pairs (8 KiB) stays in L1.
+const KC: usize = 128;
+/// Columns per packed panel of the u8 × s8 quad layout (two AVX-512 registers of i32 sums).
+const NR_Q: usize = 32;
+/// (Plane) rows of the activation tile one quad-kernel call computes: 16 accumulator registers of
+/// the 32 AVX-512 has, two for the weights.
+const MR_Q: usize = 8;
+/// Depth quads of one pass: a panel slice of `KC_Q` quads (16 KiB) stays in L1.
+const KC_Q: usize = 128;
+/// Deepest product the quad layout sums in i32 without overflow.
+const MAX_QUAD_DEPTH: usize = i32::MAX as usize / (255 * WEIGHT_LEVELS as usize);
+/// Largest weight level: symmetric int8 without −128.
+const WEIGHT_LEVELS: i32 = 127;
+/// Largest activation level (i16, symmetric) of the pair layout.
+const MAX_ACTIVATION_LEVELS: i32 = i16::MAX as i32;
+
+/// The integer kernel a quantized weight runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8Kernel {
+    /// `tdpbusd` on AMX tiles (with AVX512-VNNI for the rows' quantization and the combine): u8 ×
+    /// s8 quads, the VNNI layout's panels.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Amx,
+    /// `vpdpbusd` on 512-bit registers (AVX512-VNNI, with AVX-512F/BW): u8 × s8 quads.
+    // Elsewhere only the tests name it (they skip it where the CPU lacks it).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512Vnni,
+    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, with AVX2 and FMA: Alder Lake and later Intel
+    /// cores, Zen 5): the same u8 × s8 quads and packed panels, four registers per 32 columns.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    AvxVnni,
+    /// `_mm256_madd_epi16` through pulp's AVX2 token (x86-64 with AVX2 + FMA): i16 pairs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// Portable integer code on the i16 pair layout: other CPUs.
+    Scalar,
+}
+
+impl Int8Kernel {
+    /// The best integer kernel this CPU runs.
+    // Only the tests ask without a float family in hand.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn detect() -> Self {
+        Self::for_family(CpuKernels::detect())
+    }
+
+    /// The integer kernel that goes with a float32 kernel family: the best this CPU has beside the
+    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel), AMX first beside
+    /// the AMX family; beside AVX2 only
+    /// 256-bit code (AVX-VNNI where the CPU has it, else the pair kernel), so `cpu_kernels = "avx2"`
+    /// also keeps the integer path off AVX-512; the portable code otherwise.
+    pub fn for_family(family: CpuKernels) -> Self {
+        let first = |kernels: &[Self]| kernels.iter().copied().find(|k| k.available()).unwrap_or(Self::Scalar);
+        match family {
+            CpuKernels::Amx => first(&[Self::Amx, Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]),
+            CpuKernels::Avx512 | CpuKernels::Gemm => first(&[Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]),
+            CpuKernels::Avx2 => first(&[Self::AvxVnni, Self::Avx2]),
+        }
+    }
+
+    /// Whether the kernel runs the u8 × s8 quad layout (else the i16 pair layout).
+    fn quads(self) -> bool {
+        matches!(self, Self::Amx | Self::Avx512Vnni | Self::AvxVnni)
+    }
+
+    /// Depth quads of a quad-layout weight of depth `k`: whole AMX tiles (16 quads) for AMX.
+    fn quads_for(self, k: usize) -> usize {
+        match self {
+            Self::Amx => k.div_ceil(4 * TILE_WORDS) * TILE_WORDS,
+            _ => k.div_ceil(4),
+        }
+    }
+
+    /// Whether this CPU runs the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Amx => vnni::Vnni::try_new().is_some() && Amx::detect().is_ok(),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512Vnni => vnni::Vnni::try_new().is_some(),
+            #[cfg(target_arch = "x86_64")]
+            Self::AvxVnni => avx_vnni::AvxVnni::try_new().is_some(),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => pulp::x86::V3::try_new().is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Amx | Self::Avx512Vnni | Self::AvxVnni | Self::Avx2 => false,
+            Self::Scalar => true,
+        }
+    }
+
+    /// `amx-int8`, `avx512-vnni`, `avx-vnni`, `avx2` or `portable`: what the gate's report names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Amx => "amx-int8",
+            Self::Avx512Vnni => "avx512-vnni",
+            Self::AvxVnni => "avx-vnni",
+            Self::Avx2 => "avx2",
+            Self::Scalar => "portable",
+        }
+    }
+}
+
+/// The packed integer weights, in the layout of the kernel that runs them.
+enum Panels {
+    /// Panel `p` holds columns `p·16 .. p·16 + 16` (zero past `n`); per depth pair `d`, column `c`
+    /// holds `[w(2d, c), w(2d + 1, c)]` (zero past `k`), so one `madd_epi16` by a broadcast
+    /// activation pair gives 8 columns' sums of two products.
+    Pairs {
+        /// `k` rounded up to pairs.
+        pairs: usize,
+        panels: Vec<i16>,
+        /// Activation levels: rows are quantized to `−levels ..= levels`.
+        activation_levels: i32,
+    },
+    /// Panel `p` holds columns `p·32 .. p·32 + 32` (zero past `n`); per depth quad `q`, column `c`
+    /// holds the bytes `w(4q .. 4q + 4, c)` (zero past `k`), so one `vpdpbusd` by a broadcast quad
+    /// of u8 activations gives 16 columns' sums of four products.
+    Quads {
+        /// `k` rounded up to quads.
+        quads: usize,
+        panels: Vec<i8>,
+        /// `Σ_d w(d, c)` of the quantized weights: the zero point's correction.
+        column_sums: Vec<i32>,
+        activations: Int8Activations,
+    },
+}
+
+/// A weight `[k, n]` (the transposed PyTorch `[out, in]`) quantized per column and packed for one
+/// integer kernel.
+pub struct QuantizedWeight {
+    kernel: Int8Kernel,
+    k: usize,
+    n: usize,
+    panels: Panels,
+    /// `max|w[.., c]| / 127` per column.
+    column_scales: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+impl QuantizedWeight {
+    /// Quantizes and packs `weight_t` (`[k, n]` row-major) with an optional bias `[n]`, for
+    /// `kernel` (the quad layout with 8-bit activations for VNNI; see [`Self::set_activations`]).
+    pub fn quantize(weight_t: &[f32], k: usize, n: usize, bias: Option<Vec<f32>>, kernel: Int8Kernel) -> Self {
+        Self::quantize_with(|depth, col| weight_t[depth * n + col], k, n, bias, kernel)
+    }
+
+    /// [`Self::quantize`] of the weight whose entry `(depth, col)` is `value(depth, col)`: packed
+    /// float panels are quantized without being unpacked first.
+    pub fn quantize_with(
+        value: impl Fn(usize, usize) -> f32 + Sync,
+        k: usize,
+        n: usize,
+        bias: Option<Vec<f32>>,
+        kernel: Int8Kernel,
+    ) -> Self {
+        let column_max: Vec<f32> = (0..n)
+            .into_par_iter()
+            .map(|col| (0..k).fold(0f32, |m, depth| m.max(value(depth, col).abs())))
+            .collect();
+        let column_scales: Vec<f32> = column_max.iter().map(|&m| m / WEIGHT_LEVELS as f32).collect();
+        let inverse: Vec<f32> = column_max
+            .iter()
+            .map(|&m| if m > 0.0 { WEIGHT_LEVELS as f32 / m } else { 0.0 })
+            .collect();
+        let q = |depth: usize, col: usize| round_small(value(depth, col) * inverse[col]);
+        // 8-bit planes times 8-bit weights stay inside i32 up to this depth (255 · 127 · k < 2³¹);
+        // deeper weights (none in Laya's models: k ≤ 4096) take the pair layout.
+        let kernel = match kernel {
+            kernel if kernel.quads() && k > MAX_QUAD_DEPTH && Int8Kernel::Avx2.available() => Int8Kernel::Avx2,
+            kernel if kernel.quads() && k > MAX_QUAD_DEPTH => Int8Kernel::Scalar,
+            kernel => kernel,
+        };
+        let panels = match kernel {
+            Int8Kernel::Amx | Int8Kernel::Avx512Vnni | Int8Kernel::AvxVnni => {
+                let quads = kernel.quads_for(k);
+                let count = n.div_ceil(NR_Q);
+                let mut panels = vec![0i8; count * quads * 4 * NR_Q];
+                let mut column_sums = vec![0i32; count * NR_Q];
+                if k > 0 {
+                    panels
+                        .par_chunks_mut(quads * 4 * NR_Q)
+                        .zip(column_sums.par_chunks_mut(NR_Q))
+                        .enumerate()
+                        .for_each(|(p, (panel, sums))| {
+                            for (c, sum) in sums.iter_mut().enumerate().take(NR_Q.min(n - p * NR_Q)) {
+                                let col = p * NR_Q + c;
+                                for depth in 0..k {
+                                    let v = q(depth, col) as i8;
+                                    panel[(depth / 4) * 4 * NR_Q + 4 * c + depth % 4] = v;
+                                    *sum += i32::from(v);
+                                }
+                            }
+                        });
+                }
+                column_sums.truncate(n);
+                Panels::Quads {
+                    quads,
+                    panels,
+                    column_sums,
+                    activations: Int8Activations::U8,
+                }
+            }
+            Int8Kernel::Avx2 | Int8Kernel::Scalar => {
+                let pairs = k.div_ceil(2);
+                let count = n.div_ceil(NR);
+                let mut panels = vec![0i16; count * pairs * 2 * NR];
+                if k > 0 {
+                    panels
+                        .par_chunks_mut(pairs * 2 * NR)
+                        .enumerate()
+                        .for_each(|(p, panel)| {
+                            for c in 0..NR.min(n - p * NR) {
+                                let col = p * NR + c;
+                                for depth in 0..k {
+                                    panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = q(depth, col) as i16;
+                                }
+                            }
+                        });
+                }
+                // The whole depth's sum stays inside i32: |Σ x·w| ≤ k·levels·127.
+                let activation_levels = (i32::MAX as usize / (WEIGHT_LEVELS as usize * (2 * pairs).max(1)))
+                    .clamp(1, MAX_ACTIVATION_LEVELS as usize) as i32;
+                Panels::Pairs {
+                    pairs,
+                    panels,
+                    activation_levels,
+                }
+            }
+        };
+        Self {
+            kernel,
+            k,
+            n,
+            panels,
+            column_scales,
+            bias,
+        }
+    }
+
+    /// Sets how a quad-layout (VNNI) weight quantizes its activations; the pair layout's are fixed.
+    pub fn set_activations(&mut self, bits: Int8Activations) {
+        if let Panels::Quads { activations, .. } = &mut self.panels {
+            *activations = bits;
+        }
+    }
+
+    /// The activations of the quad layout (`None` for the pair layout).
+    pub fn activations(&self) -> Option<Int8Activations> {
+        match &self.panels {
+            Panels::Quads { activations, .. } => Some(*activations),
+            Panels::Pairs { .. } => None,
+        }
+    }
+
+    /// The kernel and, for the quad layout, the activations: for reports.
+    pub fn describe(&self) -> String {
+        match &self.panels {
+            Panels::Quads { activations, .. } => {
+                format!("{} {activations} activations", self.kernel.as_str())
+            }
+            Panels::Pairs { .. } => format!("{} i16 activations", self.kernel.as_str()),
+        }
+    }
+
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major. A row holding a
+    /// non-finite value gives a row of NaN (as the float product would).
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_with(x, m, false)
+    }
+
+    /// [`Self::matmul`], with the portable tile instead of the SIMD one when `portable`.
+    fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
+        let n = self.n;
+        if m == 0 || n == 0 || self.k == 0 {
+            // No depth: every output is its bias (and no depth pass would store the sums).
+            return bias_rows(self.bias.as_deref(), m, n);
+        }
+        let (nr, planes, packed_x, quants, outliers) = match &self.panels {
+            Panels::Pairs { .. } => {
+                let (packed, quants) = self.quantize_pairs(x, m);
+                (NR, 1, Packed::Pairs(packed), quants, RowOutliers::default())
+            }
+            Panels::Quads { activations, .. } => {
+                let (packed, quants, outliers) = self.quantize_quads(x, m, *activations, portable);
+                (NR_Q, activations.planes(), Packed::Quads(packed), quants, outliers)
+            }
+        };
+        // The combine adds the bias, and writes each row's real columns in place.
+        in_column_ranges(m, n, nr, |first, count, out| {
+            let stride = count * nr;
+            with_sums(m * planes * stride, |sums| {
+                match &packed_x {
+                    Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
+                    Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
+                }
+                self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
+            });
+        })
+    }
+}
+
+/// Most i32 sums a pool thread keeps for reuse (1 MiB): a 64-token row's column blocks need
+/// 64–128 KiB; a larger batch allocates its (then well amortised) buffers per block.
+const REUSED_SUMS: usize = 1 << 18;
+
+thread_local! {
+    /// The integer sums of one column block, reused across products on each pool thread. Every
+    /// product stores before it reads (its first depth pass does not accumulate), so the buffer is
+    /// never cleared: cleared per block, these buffers were most of an int8 forward's `memset`.
+    static SUMS: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `work` on a buffer of `len` i32 whose contents are unspecified (reused, or zero).
+fn with_sums<R>(len: usize, work: impl FnOnce(&mut [i32]) -> R) -> R {
+    with_reused(&SUMS, len, REUSED_SUMS, work)
+}
+
+/// The activations of one product, packed for its layout.
+enum Packed {
+    Pairs(Vec<i32>),
+    Quads(Vec<u32>),
+}
+
+impl CpuWeight for QuantizedWeight {
+    const NAME: &'static str = "laya-int8-matmul";
+
+    fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        QuantizedWeight::matmul(self, x, m)
+    }
+}
