@@ -321,23 +321,11 @@ impl Engine for CandleEngine {
             named.model.forward_padded(rows, pad_to)
         };
         let outputs = match &self.threads {
-            Some(pool) if pool.threads() > 1 && rows.len() > 1 && !self.bound_by_weights() => {
-                pool.run(|| side_by_side(rows, pool.threads(), run))
-            }
+            Some(pool) if pool.threads() > 1 && rows.len() > 1 => pool.run(|| side_by_side(rows, pool.threads(), run)),
             Some(pool) => pool.run(|| run(rows)),
             None => run(rows),
         };
         outputs.map_err(|e| EngineError::Internal(format!("forward on '{checkpoint}' failed: {e}")))
-    }
-}
-
-impl CandleEngine {
-    /// Whether a forward's time goes mostly to reading the weights rather than to multiplying
-    /// them: int8 and bf16 on AMX tiles, whose products run several times faster than the
-    /// weights stream in. A batch then runs as one forward over all its rows, which reads the
-    /// weights once, instead of [`side_by_side`] groups, which read them once each.
-    fn bound_by_weights(&self) -> bool {
-        self.cpu_kernels == Some(CpuKernels::Amx) && matches!(self.precision, Precision::Int8 | Precision::Bf16)
     }
 }
 
