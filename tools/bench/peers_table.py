@@ -35,6 +35,15 @@ def served(doc, ours, theirs):
     return rows
 
 
+def peer_name(doc):
+    """The timed peer of a layad-http-bench run: edgejev in its precision, or upstream in its own
+    (f32, or bf16 under LAYA_CPU_AMP)."""
+    if doc.get("peer", "").startswith("edgejev"):
+        precision = ((doc.get("edgejev") or {}).get("health") or {}).get("precision", "")
+        return f"edgejev {precision}".strip()
+    return f"upstream {(doc.get('upstream') or {}).get('amp') or 'f32'}"
+
+
 def parity(doc, names):
     rows = []
     # The reference upstream ran in its own precision: f32, or bf16 under LAYA_CPU_AMP.
@@ -55,17 +64,15 @@ def main():
     print()
     print("| | layad | peer | layad / peer |")
     print("|---|---:|---:|---:|")
-    for doc, ours, theirs in ((int8, "layad int8", "edgejev int8"), (f32, "layad f32", "edgejev fp32"),
-                              (bf16, "layad bf16", "upstream 0.4.15 LAYA_CPU_AMP=bf16")):
+    for doc, ours in ((int8, "layad int8"), (f32, "layad f32"), (bf16, "layad bf16")):
         if doc:
-            print("\n".join(served(doc, ours, theirs)))
+            print("\n".join(served(doc, ours, peer_name(doc))))
     print()
     print("| request | server | against | max \\|Δp\\| | hard mismatches | near-tie flips |")
     print("|---|---|---|---:|---:|---:|")
-    for doc, names in ((int8, {"layad": "layad int8", "edgejev": "edgejev int8"}),
-                       (f32, {"layad": "layad f32", "edgejev": "edgejev fp32"}),
-                       (bf16, {"layad": "layad bf16", "upstream": "upstream bf16"})):
+    for doc, ours in ((int8, "layad int8"), (f32, "layad f32"), (bf16, "layad bf16")):
         if doc:
+            names = {"layad": ours, "edgejev": peer_name(doc), "upstream": peer_name(doc)}
             print("\n".join(parity(doc, names)))
     if forward:
         print()
