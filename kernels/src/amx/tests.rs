@@ -238,56 +238,43 @@ fn detection_follows_the_cpu() {
     );
 }
 
-#[test]
-#[should_panic(expected = "not a positive multiple")]
-fn a_depth_of_partial_tiles_is_refused() {
-    let a = vec![0u32; 16 * 8];
-    let panels = vec![0i8; 8 * PANEL_COLUMNS * 4];
-    let mut out = vec![0i32; 16 * PANEL_COLUMNS];
+/// The tile model of an int8 product of zeros: `a_words` activation words for `rows` rows of
+/// `words`, one panel, `out_len` sums; panics where `check` refuses the shapes.
+fn model_of_zeros(a_words: usize, rows: usize, words: usize, out_len: usize) {
+    let a = vec![0u32; a_words];
+    let panels = vec![0i8; words * PANEL_COLUMNS * 4];
+    let mut out = vec![0i32; out_len];
     TileProduct::<Int8Tiles> {
         a: &a,
-        a_stride: 8,
-        rows: 16,
-        words: 8,
+        a_stride: words,
+        rows,
+        words,
         panels: &panels,
         out: &mut out,
         stride: PANEL_COLUMNS,
     }
     .model();
+}
+
+#[test]
+#[should_panic(expected = "not a positive multiple")]
+fn a_depth_of_partial_tiles_is_refused() {
+    model_of_zeros(16 * 8, 16, 8, 16 * PANEL_COLUMNS);
 }
 
 #[test]
 #[should_panic(expected = "activations hold")]
 fn activations_without_their_padding_rows_are_refused() {
-    let a = vec![0u32; 17 * 16];
-    let panels = vec![0i8; 16 * PANEL_COLUMNS * 4];
-    let mut out = vec![0i32; 17 * PANEL_COLUMNS];
-    TileProduct::<Int8Tiles> {
-        a: &a,
-        a_stride: 16,
-        rows: 17,
-        words: 16,
-        panels: &panels,
-        out: &mut out,
-        stride: PANEL_COLUMNS,
-    }
-    .model();
+    model_of_zeros(17 * 16, 17, 16, 17 * PANEL_COLUMNS);
 }
 
 #[test]
 #[should_panic(expected = "output holds")]
 fn a_short_output_is_refused() {
-    let a = vec![0u32; 16 * 16];
-    let panels = vec![0i8; 16 * PANEL_COLUMNS * 4];
-    let mut out = vec![0i32; 2 * PANEL_COLUMNS - 1];
-    TileProduct::<Int8Tiles> {
-        a: &a,
-        a_stride: 16,
-        rows: 2,
-        words: 16,
-        panels: &panels,
-        out: &mut out,
-        stride: PANEL_COLUMNS,
-    }
-    .model();
+    model_of_zeros(16 * 16, 2, 16, 2 * PANEL_COLUMNS - 1);
+}
+
+#[test]
+fn a_product_of_the_right_shapes_is_taken() {
+    model_of_zeros(32 * 16, 17, 16, 17 * PANEL_COLUMNS);
 }

@@ -90,10 +90,9 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
                     stride: PANEL_ROW_BYTES,
                 }
             };
-            // SAFETY: `check` made `a` hold `rows` rounded up to 16 rows of `words` words (`a_stride`
-            // words apart), so the
-            // `height` rows from `row` (16, or 32 when more than 16 rows are left) are inside it,
-            // 64 bytes per step for `steps` steps; `panels` holds `count` whole panels of `words`
+            // SAFETY: `check` made `a` hold `rows` rounded up to 16 rows of `words` words
+            // (`a_stride` words apart), so the `height` rows from `row` (16, or 32 when more than
+            // 16 rows are left) are inside it, 64 bytes per step for `steps` steps; `panels` holds `count` whole panels of `words`
             // rows of 128 bytes; the store goes to the spill buffer (32 rows of 128 bytes) or, when
             // all `height` rows are real, to `out`, which holds `rows` rows of `stride` ≥ 32·count
             // values from column 32·p.
@@ -124,6 +123,48 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
+/// Requests the next step's weights into L1 ahead of their tile loads: the 32 cache lines from
+/// `{b} + 2048` (one step is 16 depth words × 128 bytes). A prefetch never faults, also past the
+/// panels' end. One template string for both block functions' loops.
+macro_rules! prefetch_next_step {
+    () => {
+        concat!(
+            "prefetcht0 [{b} + 2048]\n",
+            "prefetcht0 [{b} + 2112]\n",
+            "prefetcht0 [{b} + 2176]\n",
+            "prefetcht0 [{b} + 2240]\n",
+            "prefetcht0 [{b} + 2304]\n",
+            "prefetcht0 [{b} + 2368]\n",
+            "prefetcht0 [{b} + 2432]\n",
+            "prefetcht0 [{b} + 2496]\n",
+            "prefetcht0 [{b} + 2560]\n",
+            "prefetcht0 [{b} + 2624]\n",
+            "prefetcht0 [{b} + 2688]\n",
+            "prefetcht0 [{b} + 2752]\n",
+            "prefetcht0 [{b} + 2816]\n",
+            "prefetcht0 [{b} + 2880]\n",
+            "prefetcht0 [{b} + 2944]\n",
+            "prefetcht0 [{b} + 3008]\n",
+            "prefetcht0 [{b} + 3072]\n",
+            "prefetcht0 [{b} + 3136]\n",
+            "prefetcht0 [{b} + 3200]\n",
+            "prefetcht0 [{b} + 3264]\n",
+            "prefetcht0 [{b} + 3328]\n",
+            "prefetcht0 [{b} + 3392]\n",
+            "prefetcht0 [{b} + 3456]\n",
+            "prefetcht0 [{b} + 3520]\n",
+            "prefetcht0 [{b} + 3584]\n",
+            "prefetcht0 [{b} + 3648]\n",
+            "prefetcht0 [{b} + 3712]\n",
+            "prefetcht0 [{b} + 3776]\n",
+            "prefetcht0 [{b} + 3840]\n",
+            "prefetcht0 [{b} + 3904]\n",
+            "prefetcht0 [{b} + 3968]\n",
+            "prefetcht0 [{b} + 4032]\n",
+        )
+    };
+}
+
 /// Generates the two block functions of one tile instruction: 32 rows (four accumulators) and 16
 /// rows (two), over `steps` depth steps of 16 words.
 macro_rules! tile_blocks {
@@ -144,44 +185,12 @@ macro_rules! tile_blocks {
                     "tilezero tmm3",
                     "2:",
                     // The next step's 2 KiB of weights requested into L1 ahead of its tile
-                    // loads (a prefetch never faults past the panels' end), then each product
-                    // right after the loads it needs, so that it runs while the next tile loads
+                    // loads, then each product right after the loads it needs, so that it runs while the next tile loads
                     // (the tiles are not renamed: a load waits for the products that read its
                     // register). Loading all four first, no prefetch: 0.47-0.58 T int8
                     // products/s on one core (hot blocks of 64 or 512 rows); reordered
                     // 0.59-0.68; with the prefetch 0.68-0.79.
-                    "prefetcht0 [{b} + 2048]",
-                    "prefetcht0 [{b} + 2112]",
-                    "prefetcht0 [{b} + 2176]",
-                    "prefetcht0 [{b} + 2240]",
-                    "prefetcht0 [{b} + 2304]",
-                    "prefetcht0 [{b} + 2368]",
-                    "prefetcht0 [{b} + 2432]",
-                    "prefetcht0 [{b} + 2496]",
-                    "prefetcht0 [{b} + 2560]",
-                    "prefetcht0 [{b} + 2624]",
-                    "prefetcht0 [{b} + 2688]",
-                    "prefetcht0 [{b} + 2752]",
-                    "prefetcht0 [{b} + 2816]",
-                    "prefetcht0 [{b} + 2880]",
-                    "prefetcht0 [{b} + 2944]",
-                    "prefetcht0 [{b} + 3008]",
-                    "prefetcht0 [{b} + 3072]",
-                    "prefetcht0 [{b} + 3136]",
-                    "prefetcht0 [{b} + 3200]",
-                    "prefetcht0 [{b} + 3264]",
-                    "prefetcht0 [{b} + 3328]",
-                    "prefetcht0 [{b} + 3392]",
-                    "prefetcht0 [{b} + 3456]",
-                    "prefetcht0 [{b} + 3520]",
-                    "prefetcht0 [{b} + 3584]",
-                    "prefetcht0 [{b} + 3648]",
-                    "prefetcht0 [{b} + 3712]",
-                    "prefetcht0 [{b} + 3776]",
-                    "prefetcht0 [{b} + 3840]",
-                    "prefetcht0 [{b} + 3904]",
-                    "prefetcht0 [{b} + 3968]",
-                    "prefetcht0 [{b} + 4032]",
+                    prefetch_next_step!(),
                     "tileloadd tmm4, [{a} + {a_stride}*1]",
                     "tileloadd tmm6, [{b} + {b_stride}*1]",
                     concat!($op, " tmm0, tmm4, tmm6"),
@@ -227,38 +236,7 @@ macro_rules! tile_blocks {
                     "tilezero tmm0",
                     "tilezero tmm1",
                     "2:",
-                    "prefetcht0 [{b} + 2048]",
-                    "prefetcht0 [{b} + 2112]",
-                    "prefetcht0 [{b} + 2176]",
-                    "prefetcht0 [{b} + 2240]",
-                    "prefetcht0 [{b} + 2304]",
-                    "prefetcht0 [{b} + 2368]",
-                    "prefetcht0 [{b} + 2432]",
-                    "prefetcht0 [{b} + 2496]",
-                    "prefetcht0 [{b} + 2560]",
-                    "prefetcht0 [{b} + 2624]",
-                    "prefetcht0 [{b} + 2688]",
-                    "prefetcht0 [{b} + 2752]",
-                    "prefetcht0 [{b} + 2816]",
-                    "prefetcht0 [{b} + 2880]",
-                    "prefetcht0 [{b} + 2944]",
-                    "prefetcht0 [{b} + 3008]",
-                    "prefetcht0 [{b} + 3072]",
-                    "prefetcht0 [{b} + 3136]",
-                    "prefetcht0 [{b} + 3200]",
-                    "prefetcht0 [{b} + 3264]",
-                    "prefetcht0 [{b} + 3328]",
-                    "prefetcht0 [{b} + 3392]",
-                    "prefetcht0 [{b} + 3456]",
-                    "prefetcht0 [{b} + 3520]",
-                    "prefetcht0 [{b} + 3584]",
-                    "prefetcht0 [{b} + 3648]",
-                    "prefetcht0 [{b} + 3712]",
-                    "prefetcht0 [{b} + 3776]",
-                    "prefetcht0 [{b} + 3840]",
-                    "prefetcht0 [{b} + 3904]",
-                    "prefetcht0 [{b} + 3968]",
-                    "prefetcht0 [{b} + 4032]",
+                    prefetch_next_step!(),
                     "tileloadd tmm4, [{a} + {a_stride}*1]",
                     "tileloadd tmm6, [{b} + {b_stride}*1]",
                     concat!($op, " tmm0, tmm4, tmm6"),

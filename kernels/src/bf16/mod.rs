@@ -135,9 +135,9 @@ impl Bf16Weight {
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
     /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`); for AMX the rows' words one
-    /// row after another instead (`amx::row_stride` words apart), rows padded to 16. With the kernel (and not `portable`) rows are
-    /// rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
-    /// zero.
+    /// row after another instead (`amx::row_stride` words apart), rows padded to 16. With the
+    /// kernel (and not `portable`) rows are rounded by `vcvtne2ps2bf16`: the same words, except
+    /// that it flushes subnormal values to zero.
     fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
         let (k, pairs) = (self.k, self.pairs);
         // Rows per chunk of the packed words, a row's words `tile` apart, and the words per row.

@@ -142,8 +142,8 @@ impl QuantizedWeight {
     /// byte, then low byte) plane rows, packed as tiles of `MR_Q` plane rows: tile `t` holds, per
     /// depth quad, `MR_Q` u32 words of four u8 (zero past the rows and `k`). Returns the packed
     /// tiles, each row's quantization and its outliers (for AMX the plane rows one after another,
-    /// `amx::row_stride` words apart, padded to 16 rows). With VNNI (and not `portable`) rows are quantized with AVX-512, to the same
-    /// levels exactly.
+    /// `amx::row_stride` words apart, padded to 16 rows). With VNNI (and not `portable`) rows are
+    /// quantized with AVX-512, to the same levels exactly.
     pub(super) fn quantize_quads(
         &self,
         x: &[f32],

@@ -120,10 +120,10 @@ impl Int8Kernel {
     }
 
     /// The integer kernel that goes with a float32 kernel family: the best this CPU has beside the
-    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel), AMX first beside
-    /// the AMX family; beside AVX2 only
-    /// 256-bit code (AVX-VNNI where the CPU has it, else the pair kernel), so `cpu_kernels = "avx2"`
-    /// also keeps the integer path off AVX-512; the portable code otherwise.
+    /// AVX-512 family (AVX512-VNNI, then AVX-VNNI, then the AVX2 pair kernel), the same with AMX
+    /// first beside the AMX family; beside AVX2 only 256-bit code (AVX-VNNI where the CPU has it,
+    /// else the pair kernel), so `cpu_kernels = "avx2"` also keeps the integer path off AVX-512;
+    /// the portable code otherwise.
     pub fn for_family(family: CpuKernels) -> Self {
         let first = |kernels: &[Self]| kernels.iter().copied().find(|k| k.available()).unwrap_or(Self::Scalar);
         match family {
