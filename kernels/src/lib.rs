@@ -31,7 +31,7 @@
 //!   - `tdpbf16ps`: bf16 activations × bf16 weights, two depths per word, f32 sums
 //!     ([`amx::Bf16Tiles`]).
 //!
-//!   The same products run in a portable model of the tile operation ([`amx::TileFormat::model`]),
+//!   The same products run in a portable model of the tile operation ([`amx::TileProduct::model`]),
 //!   which is how the tests check the packing and the tile layout on every CPU, and the AMX code
 //!   against it bit for bit where the CPU has AMX.
 //!

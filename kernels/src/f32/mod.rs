@@ -67,8 +67,9 @@ impl PackedWeight {
     }
 
     /// Packs `weight` as the file holds it, `[n, k]` (PyTorch's `[out, in]`): the same panels as
-    /// [`PackedWeight::pack`] of its transpose, without the transpose. With `scale = (start, len,
-    /// factor)`, outputs `start..start + len` are multiplied by `factor` on the way.
+    /// `PackedWeight::pack` (the tests' way in) of its transpose, without the transpose. With
+    /// `scale = (start, len, factor)`, outputs `start..start + len` are multiplied by `factor` on
+    /// the way.
     pub fn pack_out_in(
         weight: &[f32],
         k: usize,
