@@ -212,8 +212,9 @@ pub const DEFAULT_ACTIVATIONS: [Int8Activations; 2] = [Int8Activations::U8, Int8
 pub const FALLBACK_MARGIN: f64 = 3.0;
 
 /// Runs the gate on `model` (loaded in float32 on the CPU, packed for AVX-512): the float32
-/// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel and the same rows
-/// run again (on AMX tiles for the `amx` family). On success the model stays in bf16 and the report says how close it came.
+/// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel (AMX tiles for the
+/// `amx` family) and the same rows run again. On success the model stays in bf16 and the report
+/// says how close it came.
 pub fn bf16_kernels_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
