@@ -224,6 +224,16 @@ impl<F: TileFormat> TileProduct<'_, F> {
         );
     }
 
+    /// Runs the product on AMX's tiles where this process has them, else (or when `portable`, the
+    /// tests' way to compare the two) in the tile model: slow, not wrong, also for a weight packed
+    /// for AMX in a process whose tile permission was then refused.
+    pub fn run(self, portable: bool) {
+        match Amx::detect() {
+            Ok(amx) if !portable => amx.multiply(self),
+            _ => self.model(),
+        }
+    }
+
     /// The same product in portable code, tile instruction by tile instruction ([`TileFormat::tile_dot`]). What the tests check the tile layout and
     /// the AMX code against, on every CPU.
     pub fn model(self) {

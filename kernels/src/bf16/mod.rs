@@ -17,7 +17,7 @@
 use rayon::prelude::*;
 
 use crate::CpuWeight;
-use crate::amx::{Amx, Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
+use crate::amx::{Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
 use crate::driver::{NextSlices, Prefetch, bias_rows, in_column_blocks};
 
 #[cfg(target_arch = "x86_64")]
@@ -184,11 +184,7 @@ impl Bf16Weight {
                 out: block,
                 stride,
             };
-            // The tile model where AMX is not granted (the tests' portable path).
-            match Amx::detect() {
-                Ok(amx) if !portable => amx.multiply(product),
-                _ => product.model(),
-            }
+            product.run(portable);
             return;
         }
         #[cfg(target_arch = "x86_64")]

@@ -58,7 +58,7 @@ fn bf16_products_match_float_products() {
                 .fold(0f32, f32::max);
             assert!(worst < 1e-5, "{m}x{k}x{n} tiles {tiles}: SIMD vs portable {worst}");
             // AMX's tiles give the tile model's sums bit for bit.
-            if tiles && Amx::detect().is_ok() {
+            if tiles && crate::amx::Amx::detect().is_ok() {
                 assert!(
                     a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{m}x{k}x{n}: AMX vs its model"

@@ -9,7 +9,7 @@ use super::combine::Combine;
 use super::{Int8Kernel, KC_Q, MR_Q, NR_Q, Panels, QuantizedWeight};
 #[cfg(target_arch = "x86_64")]
 use super::{avx_vnni, vnni};
-use crate::amx::{Amx, Int8Tiles, TileProduct, row_stride};
+use crate::amx::{Int8Tiles, TileProduct, row_stride};
 use crate::driver::{NextSlices, Prefetch};
 
 impl QuantizedWeight {
@@ -50,12 +50,7 @@ impl QuantizedWeight {
                 out: sums,
                 stride,
             };
-            // The tile model where AMX is not granted (the tests' portable path, or a kernel
-            // refused after the weight was packed: slow, not wrong).
-            match Amx::detect() {
-                Ok(amx) if !portable => amx.multiply(product),
-                _ => product.model(),
-            }
+            product.run(portable);
             return;
         }
         #[cfg(target_arch = "x86_64")]
