@@ -122,6 +122,7 @@ async fn workers(server: &Server) -> Vec<WorkerView> {
 }
 
 /// The parent pid of `pid`, from `/proc/<pid>/stat`.
+#[cfg(target_os = "linux")]
 fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat of a worker");
     // The command name, in parentheses, may hold spaces; the fields after it are plain.
@@ -129,7 +130,14 @@ fn parent_of(pid: u32) -> u32 {
     after_name.split(' ').nth(1).and_then(|p| p.parse().ok()).expect("ppid")
 }
 
+/// The parent pid of `pid`, from `ps` (macOS has no `/proc`).
+#[cfg(not(target_os = "linux"))]
+fn parent_of(pid: u32) -> u32 {
+    ps(pid, "ppid=").trim().parse().expect("ppid")
+}
+
 /// The value after `--socket` on `pid`'s command line.
+#[cfg(target_os = "linux")]
 fn socket_of(pid: u32) -> PathBuf {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline of a worker");
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
@@ -140,7 +148,32 @@ fn socket_of(pid: u32) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(args[at + 1]).into_owned())
 }
 
-/// The names in `pid`'s environment.
+/// The value after `--socket` on `pid`'s command line, from `ps` (its arguments joined by spaces;
+/// the test's socket paths have none).
+#[cfg(not(target_os = "linux"))]
+fn socket_of(pid: u32) -> PathBuf {
+    let command = ps(pid, "args=");
+    let mut words = command.split_whitespace();
+    words
+        .find(|w| *w == "--socket")
+        .expect("--socket on the worker's command line");
+    PathBuf::from(words.next().expect("a path after --socket"))
+}
+
+/// One field of `ps -o FIELD -p PID`, a portable way to see another process.
+#[cfg(not(target_os = "linux"))]
+fn ps(pid: u32, field: &str) -> String {
+    let out = std::process::Command::new("ps")
+        .args(["-o", field, "-p", &pid.to_string()])
+        .output()
+        .expect("ps");
+    assert!(out.status.success(), "ps -o {field} -p {pid}: process gone?");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The names in `pid`'s environment. Linux only: macOS shows another process's environment to
+/// `ps -E` only in part and not for every process, so the check is not made there.
+#[cfg(target_os = "linux")]
 fn environment_names(pid: u32) -> Vec<String> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ of a worker");
     environ
@@ -224,12 +257,15 @@ async fn two_instances_started_together_with_default_settings_each_use_only_thei
                 server.pid()
             );
             assert_eq!(std::fs::metadata(instance).expect("stat").mode() & 0o777, 0o700);
-            let names = environment_names(worker.pid);
-            assert!(
-                !names.iter().any(|n| n == "LAYA_API_KEY"),
-                "worker {} has LAYA_API_KEY in its environment: {names:?}",
-                worker.pid
-            );
+            #[cfg(target_os = "linux")]
+            {
+                let names = environment_names(worker.pid);
+                assert!(
+                    !names.iter().any(|n| n == "LAYA_API_KEY"),
+                    "worker {} has LAYA_API_KEY in its environment: {names:?}",
+                    worker.pid
+                );
+            }
             sockets.push(socket);
         }
         assert!(!server.log().contains("restarting it"), "{}", server.log());

@@ -68,6 +68,22 @@ async fn a_jev_server_answers_jev_clients_as_the_jev_api_does() {
     );
     let anger: Vec<&String> = body["answers"]["anger"].as_object().expect("anger").keys().collect();
     assert_eq!(anger, ["type", "score", "confidence", "probabilities", "legend"]);
+    // Unrounded, as Jev's: each distribution sums to one, and the score is its expectation, within
+    // the 1e-6 a Jev client such as jevantic allows.
+    let levels: Vec<f64> = body["answers"]["anger"]["probabilities"]
+        .as_object()
+        .expect("probabilities")
+        .values()
+        .filter_map(Value::as_f64)
+        .collect();
+    let team_total: f64 = probabilities.values().filter_map(Value::as_f64).sum();
+    assert!(
+        (team_total - 1.0).abs() < 1e-9 && (levels.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+        "{body}"
+    );
+    let expectation: f64 = levels.iter().enumerate().map(|(i, p)| i as f64 * p).sum();
+    let score = body["answers"]["anger"]["score"].as_f64().expect("score");
+    assert!((score - expectation).abs() < 1e-9, "{score} vs {expectation}");
     assert!(
         body["answers"]["threat"]["noul"]
             .as_f64()
@@ -99,6 +115,17 @@ async fn a_jev_server_answers_jev_clients_as_the_jev_api_does() {
     .await;
     assert_eq!(unknown.status, 400, "{}", unknown.text());
     assert_eq!(unknown.json()["detail"]["error_type"], json!("api_usage_error"));
+    // The other Laya runtimes' ids: laya-mlx's English checkpoint, and "let the router choose".
+    for peer in ["laya-421m", "auto", "laya-rl-agent"] {
+        let answered = post(
+            &server,
+            "/v1/systemone",
+            &json!({"model": peer, "state": ticket, "questions": asked["questions"]}),
+            Some(KEY),
+        )
+        .await;
+        assert_eq!(answered.status, 200, "{peer}: {}", answered.text());
+    }
 
     // 255 options, answered by elimination in groups of 16 (no group configured).
     let queues: serde_json::Map<String, Value> = (0..255)
@@ -116,7 +143,7 @@ async fn a_jev_server_answers_jev_clients_as_the_jev_api_does() {
         .values()
         .filter_map(Value::as_f64)
         .sum();
-    assert!((total - 1.0).abs() < 0.01, "{total}");
+    assert!((total - 1.0).abs() < 1e-9, "{total}");
 
     // The batch route answers each state in the same shape.
     let batch = json!({"model": "~typesafe/jev-latest", "states": [ticket, "The app crashes on start."],

@@ -120,9 +120,20 @@ async fn requests_go_to_the_pool_their_shape_prefers_and_say_why() {
     assert_eq!(routed(0)["preferred"], 2, "{health}");
     assert_eq!(routed(1)["preferred"], 1, "{health}");
     assert_eq!(health["pools"][1]["takes"]["max_questions"], 1);
+    // Each pool's device speed as the scheduler estimates it (1 request: nothing to change it).
+    let speed = &health["pools"][1]["speed"];
+    assert!(
+        speed["factor"].as_f64().is_some() && speed["slowed"].is_boolean(),
+        "{speed}"
+    );
     let metrics = get(server.addr, "/metrics").await.expect("metrics").text();
     assert!(
         metrics.contains(r#"layad_routed_total{pool="short",route="preferred"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"layad_pool_speed_factor{pool="short"} "#)
+            && metrics.contains(r#"layad_pool_speed_changes_total{pool="short"} "#),
         "{metrics}"
     );
 }

@@ -389,7 +389,7 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
         );
     }
     let output = config.compat.output;
-    if output != laya::output::OutputProfile::Laya && !config.compat.upstream.is_0_4() {
+    if output != laya::output::OutputProfile::Laya && !config.compat.upstream.differences().jev_profiles {
         report(
             &["compat", "output"],
             format!(
@@ -409,6 +409,33 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
                 ),
                 None => canonical.push((name, raw)),
             },
+        }
+    }
+    let registered: Vec<CheckpointName> = canonical.iter().map(|(n, _)| *n).collect();
+    let mut alias_keys: Vec<(String, &str)> = Vec::new();
+    for (alias, target) in &config.checkpoints.aliases {
+        let path = ["checkpoints", "aliases", alias.as_str()];
+        match laya::routing::check_alias(alias, &registered) {
+            Err(why) => report(&path, why.to_string()),
+            Ok(key) => {
+                if let Some((_, other)) = alias_keys.iter().find(|(k, _)| *k == key) {
+                    report(
+                        &path,
+                        format!("is the same alias as {other:?} (names are trimmed and lower-cased); keep one"),
+                    );
+                }
+                alias_keys.push((key, alias.as_str()));
+            }
+        }
+        let known = CheckpointName::from_name_or_alias(target)
+            .or_else(|| CheckpointName::register(target).ok().filter(|t| registered.contains(t)));
+        if known.is_none() {
+            report(
+                &path,
+                format!(
+                    "{target:?} is no checkpoint: name a built-in (\"english\", \"multilingual\", \"typed-decisions\" or one of upstream's aliases of them) or a [checkpoints.extra] entry"
+                ),
+            );
         }
     }
     let served = config.served_checkpoints();
@@ -507,6 +534,18 @@ fn validate(config: &Config, origins: &Origins) -> Vec<Problem> {
             }
         } else if pool.artifacts.is_some() {
             report_pool("artifacts", "applies only to pools with worker = \"ane\"".into());
+        }
+        if pool.require_device
+            && !(pool.worker == WorkerKind::Gpu && matches!(pool.device, Device::Metal | Device::Cuda))
+        {
+            report_pool(
+                "require_device",
+                format!(
+                    "applies to \"gpu\" pools with device = \"metal\" or \"cuda\" (the devices a worker can fall back from), not to a {:?} pool on device {:?}",
+                    pool.worker.as_str(),
+                    pool.device.as_str()
+                ),
+            );
         }
         if pool.worker == WorkerKind::Gpu
             && pool.dtype == Some(Dtype::Int8)

@@ -203,6 +203,13 @@ pub struct CheckpointsConfig {
     /// name or alias re-points that checkpoint.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, ExtraSource>,
+    /// `[checkpoints.aliases]`: names of the operator's own for a checkpoint (`alias =
+    /// "checkpoint"`), read wherever a request names one (`model`, `task`), in every profile —
+    /// for instance the ids another Laya runtime's clients send. An alias must be a new name and
+    /// name a built-in checkpoint (or one of upstream's aliases of it) or a `[checkpoints.extra]`
+    /// entry; validation says which rule a bad one breaks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub aliases: BTreeMap<String, String>,
 }
 
 impl Default for CheckpointsConfig {
@@ -212,6 +219,7 @@ impl Default for CheckpointsConfig {
             multilingual: CheckpointSource::HfCache,
             typed_decisions: CheckpointSource::HfCache,
             extra: BTreeMap::new(),
+            aliases: BTreeMap::new(),
         }
     }
 }
@@ -235,6 +243,21 @@ impl CheckpointsConfig {
             CheckpointName::TypedDecisions => Some(&mut self.typed_decisions),
             _ => None,
         }
+    }
+
+    /// `[checkpoints.aliases]` as the router reads them: each alias's canonical key and the
+    /// checkpoint it names; entries validation refuses are left out.
+    pub fn alias_table(&self) -> Vec<(String, CheckpointName)> {
+        let registered: Vec<CheckpointName> = self.registered().into_iter().map(|(n, _)| n).collect();
+        self.aliases
+            .iter()
+            .filter_map(|(alias, target)| {
+                let key = laya::routing::check_alias(alias, &registered).ok()?;
+                let target = CheckpointName::from_name_or_alias(target)
+                    .or_else(|| CheckpointName::register(target).ok().filter(|t| registered.contains(t)))?;
+                Some((key, target))
+            })
+            .collect()
     }
 
     /// `[checkpoints.extra]` under canonical names (upstream's `canonical_name`: trimmed,
@@ -374,7 +397,8 @@ pub struct PoolConfig {
     /// Number of worker processes.
     #[serde(default = "PoolConfig::default_workers")]
     pub workers: u32,
-    /// Compute threads per worker; 0 lets the workers share the cores.
+    /// Compute threads per worker; 0 lets the workers share the cores (under a container's CPU
+    /// quota, its whole CPUs: the supervisor's `process::cpu_quota`).
     #[serde(default)]
     pub threads: u32,
     /// Compute precision of the encoder; absent = [`PoolConfig::effective_dtype`]'s default.
@@ -410,6 +434,16 @@ pub struct PoolConfig {
     /// them again (load and warm) and waits for them. `"0s"` (the default) keeps them resident.
     #[serde(default, with = "duration", skip_serializing_if = "Duration::is_zero")]
     pub idle_unload: Duration,
+    /// Refuse to run anywhere but on `device`: a `metal` or `cuda` pool whose device is missing
+    /// does not fall back to the CPU (the default) but refuses to start, and `/health` names the
+    /// pool and the reason (`degraded`). Only `gpu` pools asking for `metal` or `cuda`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_device: bool,
+    /// Start the pool's workers unloaded: nothing is loaded until the first request routed to the
+    /// pool, which starts and warms them and waits for them (the idle-unload path). What upstream
+    /// does for a checkpoint missing from `LAYA_MODELS`, which layad gives a pool of this kind.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_unloaded: bool,
     /// `ane` pools: the directory of converted Core ML artifacts (`<dir>/<checkpoint>/L<bucket>/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts: Option<PathBuf>,
@@ -438,6 +472,8 @@ impl PoolConfig {
             buckets: Vec::new(),
             batch_wait: Duration::ZERO,
             idle_unload: Duration::ZERO,
+            require_device: false,
+            start_unloaded: false,
             artifacts: None,
             executor: AneExecutor::default(),
         }
@@ -458,11 +494,11 @@ impl PoolConfig {
     }
 
     fn default_max_rows() -> u32 {
-        layad_proto::DEFAULT_MAX_ROWS
+        laya::limits::DEFAULT_MAX_ROWS
     }
 
     fn default_max_batch_tokens() -> u32 {
-        layad_proto::DEFAULT_MAX_BATCH_TOKENS
+        laya::limits::DEFAULT_MAX_BATCH_TOKENS
     }
 
     fn default_queue_capacity() -> u32 {

@@ -19,10 +19,9 @@ use std::time::Duration;
 use laya::output::OutputProfile;
 use laya::python_text::py_repr_str;
 use laya::routing::{CheckpointName, unknown_model_name};
-use laya::upstream::Upstream;
 
 use crate::error::Problem;
-use crate::schema::{CheckpointSource, Config, Device, ExtraSource, WorkerKind};
+use crate::schema::{CheckpointSource, Config, Device, ExtraSource, PoolConfig, WorkerKind};
 
 /// How loud a note is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,18 +175,7 @@ pub fn apply(
         models(&mut a, &value);
     }
     if let Some(value) = set("LAYA_PRELOAD") {
-        let on = env_bool(&value).unwrap_or(true);
-        a.warn(
-            "LAYA_PRELOAD",
-            if on {
-                format!("LAYA_PRELOAD={value}: layad always loads and warms every served checkpoint before serving")
-            } else {
-                format!(
-                    "LAYA_PRELOAD={value} has no effect: layad loads and warms every served checkpoint before it \
-                     serves (there is no lazy loading)"
-                )
-            },
-        );
+        preload(&mut a, &value);
     }
     if let Some(value) = set("LAYA_AUTO_TASK") {
         let on = env_bool(&value).unwrap_or(false);
@@ -397,10 +385,13 @@ fn threads(a: &mut Applier, value: &str) {
     }
 }
 
-/// `LAYA_MODELS` → `[checkpoints]`: the listed checkpoints (names or aliases) are served, the
-/// others are "off". Upstream loads an unlisted checkpoint on its first request; layad has no lazy
-/// loading, so a request routed to one is answered 503 naming it (the memory stays what the
-/// operator asked for). An unknown name refuses to start, as upstream's preload raises.
+/// `LAYA_MODELS` → which checkpoints load at start: the listed ones (names or aliases) load and warm
+/// before serving; every other served checkpoint is served as upstream serves it, loaded on its
+/// first request: it moves to a pool of its own that starts unloaded (`start_unloaded`, a copy of
+/// the pool that served it, named `<pool>-<checkpoint>`), which that request starts and waits for.
+/// A listed checkpoint that the lower layers turned "off" is served again (upstream serves what it
+/// lists); one they turned "off" and that is not listed stays off (refused, 501). An unknown name
+/// refuses to start, as upstream's preload raises.
 fn models(a: &mut Applier, value: &str) {
     let mut listed = Vec::new();
     let registered = a.config.checkpoints.registered();
@@ -422,52 +413,97 @@ fn models(a: &mut Applier, value: &str) {
     if listed.is_empty() {
         return;
     }
-    let mut off = Vec::new();
     for name in CheckpointName::ALL {
-        if a.shadowed("LAYA_MODELS", value, &["checkpoints", name.as_str()]) {
+        if !listed.contains(&name) || a.shadowed("LAYA_MODELS", value, &["checkpoints", name.as_str()]) {
             continue;
         }
-        let Some(source) = a.config.checkpoints.source_mut(name) else {
-            continue;
-        };
-        if listed.contains(&name) {
-            if *source == CheckpointSource::Off {
-                *source = CheckpointSource::HfCache;
-            }
-        } else {
-            *source = CheckpointSource::Off;
-            off.push(name.as_str());
-        }
-    }
-    // An unlisted extra checkpoint (or a re-pointed built-in) is not served either.
-    let unlisted: Vec<String> = a
-        .config
-        .checkpoints
-        .extra
-        .keys()
-        .filter(|raw| CheckpointName::register(raw).is_ok_and(|n| !listed.contains(&n)))
-        .cloned()
-        .collect();
-    for raw in unlisted {
-        if a.shadowed("LAYA_MODELS", value, &["checkpoints", "extra", &raw]) {
-            continue;
-        }
-        a.config.checkpoints.extra.remove(&raw);
-        if let Ok(name) = CheckpointName::register(&raw)
-            && !name.is_builtin()
+        if let Some(source) = a.config.checkpoints.source_mut(name)
+            && *source == CheckpointSource::Off
         {
-            off.push(name.as_str());
+            *source = CheckpointSource::HfCache;
         }
     }
-    let served: Vec<&str> = listed.iter().map(|c| c.as_str()).collect();
-    let mut message = format!("LAYA_MODELS={value}: serving {}", served.join(", "));
-    if !off.is_empty() {
+    // Each pool keeps the listed checkpoints it served; each unlisted one it served goes to a copy
+    // of it that starts unloaded (a pool serving only unlisted ones starts unloaded itself).
+    let served: Vec<CheckpointName> = a.config.served_checkpoints().into_iter().map(|(n, _)| n).collect();
+    let mut on_demand = Vec::new();
+    let mut pools = Vec::new();
+    for (i, pool) in a.config.pools.clone().into_iter().enumerate() {
+        let serves = a.config.pool_checkpoints(&pool);
+        let (eager, lazy): (Vec<CheckpointName>, Vec<CheckpointName>) = serves
+            .into_iter()
+            .filter(|c| served.contains(c))
+            .partition(|c| listed.contains(c));
+        if lazy.is_empty() || a.shadowed("LAYA_MODELS", value, &["pool", &i.to_string(), "checkpoints"]) {
+            pools.push(pool);
+            continue;
+        }
+        if eager.is_empty() {
+            on_demand.push(format!("{} (pool {})", names(&lazy), pool.name));
+            pools.push(PoolConfig {
+                start_unloaded: true,
+                ..pool
+            });
+            continue;
+        }
+        pools.push(PoolConfig {
+            checkpoints: Some(eager),
+            ..pool.clone()
+        });
+        for checkpoint in &lazy {
+            let name = format!("{}-{}", pool.name, checkpoint.as_str().replace('.', "-"));
+            on_demand.push(format!("{} (pool {name})", checkpoint.as_str()));
+            pools.push(PoolConfig {
+                name,
+                checkpoints: Some(vec![*checkpoint]),
+                start_unloaded: true,
+                ..pool.clone()
+            });
+        }
+    }
+    a.config.pools = pools;
+    let mut message = format!("LAYA_MODELS={value}: {} load at start", names(&listed));
+    if !on_demand.is_empty() {
         message.push_str(&format!(
-            "; {} \"off\" (upstream would load an unlisted checkpoint on first use; layad answers 503 naming it)",
-            off.join(", ")
+            "; {} load on their first request, as upstream loads an unlisted checkpoint",
+            on_demand.join(", ")
         ));
     }
     a.info("LAYA_MODELS", message);
+}
+
+/// `LAYA_PRELOAD` (default on): off, upstream loads every checkpoint on its first request, so every
+/// pool starts unloaded (`start_unloaded`); on, nothing changes (layad loads before serving).
+fn preload(a: &mut Applier, value: &str) {
+    if env_bool(value).unwrap_or(true) {
+        a.info(
+            "LAYA_PRELOAD",
+            format!("LAYA_PRELOAD={value}: the checkpoints load and warm before serving (layad's default)"),
+        );
+        return;
+    }
+    let mut applied = Vec::new();
+    for i in 0..a.config.pools.len() {
+        if a.shadowed("LAYA_PRELOAD", value, &["pool", &i.to_string(), "start_unloaded"]) {
+            continue;
+        }
+        a.config.pools[i].start_unloaded = true;
+        applied.push(a.config.pools[i].name.clone());
+    }
+    if !applied.is_empty() {
+        a.info(
+            "LAYA_PRELOAD",
+            format!(
+                "LAYA_PRELOAD={value}: start_unloaded = true in pool(s) {}: each loads on its first request, as upstream does",
+                applied.join(", ")
+            ),
+        );
+    }
+}
+
+/// Checkpoint names joined with ", ".
+fn names(checkpoints: &[CheckpointName]) -> String {
+    checkpoints.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// `LAYA_EXTRA_MODELS` (a JSON object `{name: source}`, a source being a directory, a Hub repo id,
@@ -656,7 +692,7 @@ fn default_model(a: &mut Applier, value: &str) {
 /// `LAYA_JEV_STRICT` → `compat.output` (0.4.15 only: 0.3.20 has no strict projection and ignores it).
 fn jev_strict(a: &mut Applier, value: &str) {
     let on = env_bool(value).unwrap_or(false);
-    if a.config.compat.upstream == Upstream::V0_3_20 {
+    if !a.config.compat.upstream.differences().jev_profiles {
         a.warn(
             "LAYA_JEV_STRICT",
             format!(
@@ -782,7 +818,7 @@ fn max_concurrent(a: &mut Applier, value: &str) {
 /// tournament mode, so the group changes nothing there.
 pub fn config_notes(config: &Config) -> Vec<Note> {
     let mut notes = Vec::new();
-    if config.compat.tournament_group != 0 && !config.compat.upstream.is_0_4() {
+    if config.compat.tournament_group != 0 && !config.compat.upstream.differences().tournaments {
         notes.push(Note {
             variable: "LAYA_TOURNAMENT_GROUP",
             level: NoteLevel::Warn,

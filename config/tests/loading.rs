@@ -441,6 +441,8 @@ fn every_key() -> Vec<String> {
     config.pools[0].max_tokens = Some(128);
     config.pools[0].artifacts = Some(PathBuf::from("a"));
     config.pools[0].dtype = Some(Dtype::F16);
+    config.pools[0].require_device = true;
+    config.pools[0].start_unloaded = true;
     let value = toml::Value::try_from(&config).expect("serializes");
     let mut keys = Vec::new();
     fn walk(prefix: &str, value: &toml::Value, keys: &mut Vec<String>) {
@@ -608,4 +610,79 @@ fn the_upstream_profile_defaults_to_0_4_15_and_refuses_unknown_releases() {
     assert_eq!(problem.key, "compat.max_token_budget");
     let problem = only_problem(load(None, &[("LAYAD_COMPAT__DEFAULT_CHECKPOINT", "englisch")]));
     assert_eq!(problem.key, "compat.default_checkpoint");
+}
+
+#[test]
+fn aliases_name_a_checkpoint_and_must_be_new_names() {
+    let file = ConfigFile::new(
+        "[checkpoints.extra]\nmine = \"/srv/mine\"\n[checkpoints.aliases]\nlaya-421m = \"english\"\n\"Me/Laya\" = \"Mine\"\nbig = \"multi\"\n",
+    );
+    let config = load(Some(&file), &[]).expect("loads");
+    let mine = CheckpointName::register("mine").expect("valid");
+    assert_eq!(
+        config.checkpoints.alias_table(),
+        [
+            ("me/laya".to_owned(), mine),
+            ("big".to_owned(), CheckpointName::Multilingual),
+            ("laya-421m".to_owned(), CheckpointName::English),
+        ]
+    );
+    for (table, key, says) in [
+        (
+            "english = \"multilingual\"",
+            "checkpoints.aliases.english",
+            "alias 'english' is already the checkpoint 'english'; an alias must be a new name",
+        ),
+        (
+            "en = \"multilingual\"",
+            "checkpoints.aliases.en",
+            "alias 'en' is already upstream's alias of 'english'",
+        ),
+        (
+            "auto = \"english\"",
+            "checkpoints.aliases.auto",
+            "a request for automatic routing",
+        ),
+        (
+            "laya-421m = \"englsh\"",
+            "checkpoints.aliases.laya-421m",
+            "\"englsh\" is no checkpoint: name a built-in",
+        ),
+        ("\"-x\" = \"english\"", "checkpoints.aliases.-x", "invalid alias '-x'"),
+    ] {
+        let file = ConfigFile::new(&format!("[checkpoints.aliases]\n{table}\n"));
+        let problem = only_problem(load(Some(&file), &[]));
+        assert_eq!(problem.key, key, "{table}: {problem}");
+        assert!(problem.message.contains(says), "{table}: {problem}");
+    }
+    // An alias of an extra checkpoint's name is refused too, naming the extra entry.
+    let file =
+        ConfigFile::new("[checkpoints.extra]\nmine = \"/srv/mine\"\n[checkpoints.aliases]\nMINE = \"english\"\n");
+    let problem = only_problem(load(Some(&file), &[]));
+    assert!(
+        problem.message.contains("the checkpoint 'mine' of [checkpoints.extra]"),
+        "{problem}"
+    );
+}
+
+#[test]
+fn require_device_is_for_gpu_pools_asking_for_a_gpu() {
+    let file = ConfigFile::new("[[pool]]\nname = \"g\"\ndevice = \"cuda\"\nrequire_device = true\n");
+    let config = load(Some(&file), &[]).expect("loads");
+    assert!(config.pools[0].require_device);
+    for pool in [
+        "device = \"cpu\"\nrequire_device = true",
+        "device = \"auto\"\nrequire_device = true",
+        "worker = \"ane\"\nartifacts = \"a\"\nrequire_device = true",
+    ] {
+        let file = ConfigFile::new(&format!("[[pool]]\nname = \"p\"\n{pool}\n"));
+        let problem = only_problem(load(Some(&file), &[]));
+        assert_eq!(problem.key, "pool[0].require_device", "{pool}: {problem}");
+        assert!(
+            problem
+                .message
+                .starts_with("applies to \"gpu\" pools with device = \"metal\" or \"cuda\""),
+            "{problem}"
+        );
+    }
 }

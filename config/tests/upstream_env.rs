@@ -88,7 +88,26 @@ fn a_laya_serve_environment_sets_the_matching_keys_and_each_is_noted() {
     }
     assert_eq!(config.checkpoints.english, CheckpointSource::HfCache);
     assert_eq!(config.checkpoints.multilingual, CheckpointSource::HfCache);
-    assert_eq!(config.checkpoints.typed_decisions, CheckpointSource::Off);
+    // Unlisted: still served, as upstream serves it (loaded on its first request), by a copy of
+    // each pool that served it, which starts unloaded.
+    assert_eq!(config.checkpoints.typed_decisions, CheckpointSource::HfCache);
+    let pools: Vec<(&str, Vec<&str>, bool)> = config
+        .pools
+        .iter()
+        .map(|p| {
+            let names = config.pool_checkpoints(p).into_iter().map(|c| c.as_str()).collect();
+            (p.name.as_str(), names, p.start_unloaded)
+        })
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            ("a", vec!["english", "multilingual"], false),
+            ("a-typed-decisions", vec!["typed-decisions"], true),
+            ("b", vec!["english", "multilingual"], false),
+            ("b-typed-decisions", vec!["typed-decisions"], true),
+        ]
+    );
     assert!(config.server.auto_task);
     assert_eq!(config.logging.filter, "warn");
     assert_eq!(config.compat.default_checkpoint, Some(CheckpointName::English));
@@ -123,7 +142,10 @@ fn a_laya_serve_environment_sets_the_matching_keys_and_each_is_noted() {
         "{notes:?}"
     );
     assert!(
-        note(&notes, "LAYA_MODELS").message.contains("typed-decisions \"off\""),
+        note(&notes, "LAYA_MODELS").message.contains(
+            "english, multilingual load at start; typed-decisions (pool a-typed-decisions), typed-decisions (pool \
+             b-typed-decisions) load on their first request"
+        ),
         "{notes:?}"
     );
     assert!(
@@ -273,13 +295,12 @@ fn variables_without_a_layad_meaning_are_warned_about() {
         None,
         &[
             ("LAYA_MAX_LOADED", "1"),
-            ("LAYA_PRELOAD", "0"),
             ("LAYA_CPU_AMP", "bf16"),
             ("LAYA_ROOT_PATH", "/laya"),
         ],
     );
     assert_eq!(config, Config::default());
-    for variable in ["LAYA_MAX_LOADED", "LAYA_PRELOAD", "LAYA_CPU_AMP", "LAYA_ROOT_PATH"] {
+    for variable in ["LAYA_MAX_LOADED", "LAYA_CPU_AMP", "LAYA_ROOT_PATH"] {
         let n = note(&notes, variable);
         assert_eq!(n.level, NoteLevel::Warn, "{variable}");
         assert!(n.message.contains("no effect"), "{variable}: {}", n.message);
@@ -392,7 +413,8 @@ fn extra_checkpoints_come_from_the_file_and_laya_extra_models_in_upstreams_synta
     let note = note(&notes, "LAYA_EXTRA_MODELS");
     assert_eq!(note.level, NoteLevel::Info);
     assert!(note.message.contains("mine = /srv/mine"), "{}", note.message);
-    // LAYA_MODELS and LAYA_DEFAULT_MODEL may name a registered checkpoint; unlisted ones are not served.
+    // LAYA_MODELS and LAYA_DEFAULT_MODEL may name a registered checkpoint; unlisted ones are served
+    // on demand, by a pool that starts unloaded.
     let (config, _) = loaded(
         None,
         &[
@@ -406,8 +428,26 @@ fn extra_checkpoints_come_from_the_file_and_laya_extra_models_in_upstreams_synta
         .into_iter()
         .map(|(n, _)| n.as_str())
         .collect();
-    assert_eq!(names, ["english", "mine"]);
+    assert_eq!(names, ["english", "multilingual", "typed-decisions", "mine", "other"]);
+    let at_start: Vec<&str> = config
+        .pools
+        .iter()
+        .filter(|p| !p.start_unloaded)
+        .flat_map(|p| config.pool_checkpoints(p))
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(at_start, ["english", "mine"]);
     assert_eq!(config.compat.default_checkpoint.map(|c| c.as_str()), Some("mine"));
+}
+
+#[test]
+fn laya_preload_off_starts_every_pool_unloaded_as_upstream_loads_on_first_use() {
+    let (config, notes) = loaded(None, &[("LAYA_PRELOAD", "0")]);
+    assert!(config.pools.iter().all(|p| p.start_unloaded), "{:?}", config.pools);
+    assert_eq!(note(&notes, "LAYA_PRELOAD").level, NoteLevel::Info);
+    let (config, notes) = loaded(None, &[("LAYA_PRELOAD", "1")]);
+    assert_eq!(config, Config::default());
+    assert_eq!(note(&notes, "LAYA_PRELOAD").level, NoteLevel::Info);
 }
 
 #[test]

@@ -11,9 +11,9 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// How download progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProgressStyle {
-    /// A bar redrawn in place on stderr when stderr is a terminal, else [`ProgressStyle::Lines`].
+    /// An `indicatif` bar on stderr when stderr is a terminal, else [`ProgressStyle::Lines`].
     Auto,
-    /// A bar redrawn in place on stderr.
+    /// An `indicatif` bar on stderr (indicatif draws nothing where stderr is not a terminal).
     Bar,
     /// Plain lines on stderr: start, every 10 % (or 64 MiB when the size is unknown), end.
     Lines,

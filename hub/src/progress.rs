@@ -1,27 +1,36 @@
-//! Showing download progress: a bar redrawn in place on a terminal, plain lines (every 10 %) for a
-//! log file or a pipe, the same lines as `tracing` events under `serve`, or nothing.
+//! Showing download progress: an `indicatif` bar on a terminal, plain lines (start, every 10 %,
+//! end) for a log file or a pipe, the same lines as `tracing` events under `serve`, or nothing.
+//!
+//! indicatif owns the bar: redrawing it in place at most 20 times a second, fitting it to the
+//! terminal's width (a line that wraps cannot be redrawn), the rate, the time left, the byte units.
+//! The lines are ours because indicatif has no such mode: it draws nothing where stderr is not a
+//! terminal, and a log wants a handful of lines per file, not a frame per redraw.
 
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use indicatif::{BinaryBytes, ProgressBar, ProgressDrawTarget};
 
 use crate::options::ProgressStyle;
 
-/// A bar is redrawn at most this often.
-const REDRAW_EVERY: Duration = Duration::from_millis(100);
 /// Files smaller than this get only their final line in line mode.
 const SMALL_FILE: u64 = 1 << 20;
 /// Line mode reports every this many bytes when the size is unknown.
 const UNKNOWN_SIZE_STEP: u64 = 64 << 20;
-/// Width of the bar itself, in characters.
-const BAR_WIDTH: usize = 12;
-/// Longest file name on a bar line; with the bar and numbers the line stays within 80 columns,
-/// because a line that wraps cannot be redrawn in place.
-const BAR_NAME: usize = 20;
+/// The bar of a file of known size. `wide_msg` (the file's path) takes what the terminal's width
+/// leaves; right-aligned, it loses its start when cut, so the file name stays.
+const BAR_TEMPLATE: &str =
+    "{wide_msg:>} [{bar:12}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {eta}";
+/// The same without a size: no bar, no percentage, no time left.
+const SIZELESS_TEMPLATE: &str = "{wide_msg:>} {binary_bytes} {binary_bytes_per_sec}";
 
 /// Where progress goes, with the style already decided.
 pub(crate) struct Progress {
     style: Resolved,
+    /// Notes, and the lines of [`Resolved::Lines`].
     out: Box<dyn Write + Send>,
+    /// Where a bar draws: stderr, or a test's stand-in terminal.
+    bar_target: Box<dyn Fn() -> ProgressDrawTarget + Send>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,11 +45,22 @@ impl Progress {
     /// Progress on stderr; `Auto` draws a bar only when stderr is a terminal.
     pub(crate) fn stderr(style: ProgressStyle) -> Self {
         let terminal = std::io::stderr().is_terminal();
-        Self::to_writer(style, terminal, Box::new(std::io::stderr()))
+        Self::to_writer(
+            style,
+            terminal,
+            Box::new(std::io::stderr()),
+            Box::new(ProgressDrawTarget::stderr),
+        )
     }
 
-    /// Progress written to `out`, which is a terminal when `terminal` says so.
-    fn to_writer(style: ProgressStyle, terminal: bool, out: Box<dyn Write + Send>) -> Self {
+    /// Progress written to `out` (and bars drawn on `bar_target`), which is a terminal when
+    /// `terminal` says so.
+    fn to_writer(
+        style: ProgressStyle,
+        terminal: bool,
+        out: Box<dyn Write + Send>,
+        bar_target: Box<dyn Fn() -> ProgressDrawTarget + Send>,
+    ) -> Self {
         let style = match style {
             ProgressStyle::Auto if terminal => Resolved::Bar,
             ProgressStyle::Auto | ProgressStyle::Lines => Resolved::Lines,
@@ -48,7 +68,7 @@ impl Progress {
             ProgressStyle::Log => Resolved::Log,
             ProgressStyle::Silent => Resolved::Silent,
         };
-        Self { style, out }
+        Self { style, out, bar_target }
     }
 
     /// A whole line of news (what is being fetched, a retry, a warning).
@@ -65,15 +85,32 @@ impl Progress {
 
     /// Starts reporting one file of `total` bytes (when known), of which `done` are already here.
     pub(crate) fn file(&mut self, name: &str, total: Option<u64>, done: u64) -> FileProgress<'_> {
+        let bar = (self.style == Resolved::Bar).then(|| {
+            let template = if total.is_some() {
+                BAR_TEMPLATE
+            } else {
+                SIZELESS_TEMPLATE
+            };
+            // Both templates are constants that parse; the default style would do if one did not.
+            let style = indicatif::ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            let bar = ProgressBar::with_draw_target(total, (self.bar_target)())
+                .with_style(style)
+                .with_message(name.to_owned());
+            bar.set_position(done);
+            // The rate and the time left count from here, not from the bytes a resume kept.
+            bar.reset_eta();
+            bar
+        });
         let mut file = FileProgress {
             progress: self,
             name: name.to_owned(),
             total,
             started_at: done,
             start: Instant::now(),
-            last_draw: None,
-            drawn_width: 0,
             next_mark: 0,
+            bar,
         };
         file.next_mark = file.mark_after(done);
         let big = total.is_none_or(|t| t >= SMALL_FILE);
@@ -98,46 +135,46 @@ pub(crate) struct FileProgress<'a> {
     /// Bytes already present when this download started (a resume), excluded from the rate.
     started_at: u64,
     start: Instant,
-    last_draw: Option<Instant>,
-    /// Bar mode: characters of the line drawn last, to blank what a shorter redraw leaves behind.
-    drawn_width: usize,
     /// Line mode: the next byte count that earns a line.
     next_mark: u64,
+    /// Bar mode: the bar.
+    bar: Option<ProgressBar>,
 }
 
 impl FileProgress<'_> {
     /// `done` bytes of the file are now on disk.
     pub(crate) fn advance(&mut self, done: u64) {
-        match self.progress.style {
-            Resolved::Bar => {
-                if self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
-                    self.last_draw = Some(Instant::now());
-                    self.draw(done, "");
-                }
-            }
-            Resolved::Lines | Resolved::Log => {
-                if done >= self.next_mark && self.total.is_none_or(|t| t >= SMALL_FILE && done < t) {
-                    self.next_mark = self.mark_after(done);
-                    let line = match self.total {
-                        Some(total) => format!(
-                            "{}: {}% ({} of {}, {}/s)",
-                            self.name,
-                            percent(done, total),
-                            human(done),
-                            human(total),
-                            human(self.rate(done))
-                        ),
-                        None => format!("{}: {} ({}/s)", self.name, human(done), human(self.rate(done))),
-                    };
-                    self.progress.note(&line);
-                }
-            }
-            Resolved::Silent => {}
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            return;
+        }
+        if !matches!(self.progress.style, Resolved::Lines | Resolved::Log) {
+            return;
+        }
+        if done >= self.next_mark && self.total.is_none_or(|t| t >= SMALL_FILE && done < t) {
+            self.next_mark = self.mark_after(done);
+            let line = match self.total {
+                Some(total) => format!(
+                    "{}: {}% ({} of {}, {}/s)",
+                    self.name,
+                    percent(done, total),
+                    human(done),
+                    human(total),
+                    human(self.rate(done))
+                ),
+                None => format!("{}: {} ({}/s)", self.name, human(done), human(self.rate(done))),
+            };
+            self.progress.note(&line);
         }
     }
 
     /// The download ended with `done` bytes on disk.
-    pub(crate) fn finish(mut self, done: u64) {
+    pub(crate) fn finish(self, done: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            bar.finish();
+            return;
+        }
         let seconds = self.start.elapsed().as_secs_f64();
         let summary = format!(
             "{}: {} in {seconds:.1} s ({}/s)",
@@ -145,37 +182,22 @@ impl FileProgress<'_> {
             human(done),
             human(self.rate(done))
         );
-        match self.progress.style {
-            Resolved::Bar => self.draw(done, "\n"),
-            Resolved::Lines | Resolved::Log => self.progress.note(&summary),
-            Resolved::Silent => {}
-        }
-        self.last_draw = None;
+        self.progress.note(&summary);
     }
 
-    /// Redraws the bar line in place, then writes `end`.
-    fn draw(&mut self, done: u64, end: &str) {
-        let line = bar_line(&self.name, done, self.total, self.rate(done));
-        let width = line.chars().count();
-        let blank = " ".repeat(self.drawn_width.saturating_sub(width));
-        self.drawn_width = if end.is_empty() { width } else { 0 };
-        let _ = write!(self.progress.out, "\r{line}{blank}{end}");
-        let _ = self.progress.out.flush();
-    }
-
-    /// Ends the current line of a bar (before a note about a retry, say).
+    /// Leaves the bar where it stopped (a failed download); its line stays on screen.
     pub(crate) fn interrupt(&mut self) {
-        if self.progress.style == Resolved::Bar && self.last_draw.is_some() {
-            let _ = writeln!(self.progress.out);
-            self.last_draw = None;
-            self.drawn_width = 0;
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
         }
     }
 
-    /// A note while this file is in progress.
+    /// A note while this file is in progress, printed above the bar, which is then redrawn.
     pub(crate) fn note(&mut self, text: &str) {
-        self.interrupt();
-        self.progress.note(text);
+        match self.bar.clone() {
+            Some(bar) => bar.suspend(|| self.progress.note(text)),
+            None => self.progress.note(text),
+        }
     }
 
     /// Bytes per second since this download started.
@@ -199,36 +221,6 @@ impl FileProgress<'_> {
     }
 }
 
-/// `name [=====>     ]  45% 1.2 MiB/2.6 MiB 3.1 MiB/s`
-fn bar_line(name: &str, done: u64, total: Option<u64>, rate: u64) -> String {
-    let name = short_name(name);
-    match total {
-        Some(total) if total > 0 => {
-            let filled = (done.min(total) as f64 / total as f64 * BAR_WIDTH as f64) as usize;
-            let head = if filled < BAR_WIDTH { ">" } else { "" };
-            let bar = format!("{}{head}", "=".repeat(filled));
-            format!(
-                "{name} [{bar:<BAR_WIDTH$}] {:>3}% {}/{} {}/s",
-                percent(done, total),
-                human(done),
-                human(total),
-                human(rate)
-            )
-        }
-        _ => format!("{name} {} {}/s", human(done), human(rate)),
-    }
-}
-
-/// `name`, or its last characters after `…` when longer than [`BAR_NAME`].
-fn short_name(name: &str) -> String {
-    let count = name.chars().count();
-    if count <= BAR_NAME {
-        return name.to_owned();
-    }
-    let tail: String = name.chars().skip(count - (BAR_NAME - 1)).collect();
-    format!("…{tail}")
-}
-
 /// Whole percent of `done` in `total`, 0..=100.
 fn percent(done: u64, total: u64) -> u64 {
     if total == 0 {
@@ -238,29 +230,21 @@ fn percent(done: u64, total: u64) -> u64 {
     }
 }
 
-/// Bytes in binary units with one decimal: `512 B`, `1.5 KiB`, `2.1 GiB`.
+/// Bytes in binary units as the bar shows them (indicatif's): `512 B`, `1.50 KiB`, `2.10 GiB`.
 pub(crate) fn human(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
+    BinaryBytes(bytes).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use indicatif::TermLike;
+
     use super::*;
 
-    /// A writer the test can read back.
-    #[derive(Clone, Default)]
+    /// A writer, and a terminal for indicatif to draw on, that the test can read back.
+    #[derive(Clone, Debug, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
 
     impl Write for Captured {
@@ -273,39 +257,84 @@ mod tests {
         }
     }
 
+    /// An 80-column terminal that records each frame drawn on a line of its own (indicatif
+    /// clears the line before each frame).
+    impl TermLike for Captured {
+        fn width(&self) -> u16 {
+            80
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.clone().write_all(format!("{s}\n").as_bytes())
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.clone().write_all(s.as_bytes())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            self.clone().write_all(b"\n")
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     impl Captured {
         fn text(&self) -> String {
             String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf-8")
         }
     }
 
-    fn run(style: ProgressStyle, terminal: bool, total: u64, steps: &[u64]) -> String {
-        let out = Captured::default();
-        let mut progress = Progress::to_writer(style, terminal, Box::new(out.clone()));
+    /// Progress whose notes go to `out` and whose bars draw on `term`.
+    fn progress(style: ProgressStyle, terminal: bool, out: &Captured, term: &Captured) -> Progress {
+        let term = term.clone();
+        Progress::to_writer(
+            style,
+            terminal,
+            Box::new(out.clone()),
+            Box::new(move || ProgressDrawTarget::term_like(Box::new(term.clone()))),
+        )
+    }
+
+    /// Reports a file of `total` bytes through `steps`; returns what went to the writer and to the terminal.
+    fn run(style: ProgressStyle, terminal: bool, total: u64, steps: &[u64]) -> (String, String) {
+        let (out, term) = (Captured::default(), Captured::default());
+        let mut progress = progress(style, terminal, &out, &term);
         let mut file = progress.file("model.safetensors", Some(total), 0);
         for &done in steps {
             file.advance(done);
         }
         file.finish(total);
-        out.text()
+        (out.text(), term.text())
     }
 
     #[test]
     fn human_sizes_use_binary_units() {
         assert_eq!(human(0), "0 B");
         assert_eq!(human(1023), "1023 B");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(2198508), "2.1 MiB");
-        assert_eq!(human(3 << 30), "3.0 GiB");
+        assert_eq!(human(1536), "1.50 KiB");
+        assert_eq!(human(2198508), "2.10 MiB");
+        assert_eq!(human(3 << 30), "3.00 GiB");
     }
 
     #[test]
     fn lines_come_every_ten_percent_then_a_summary() {
         let total = 100 << 20;
         let steps: Vec<u64> = (1..=100).map(|i| i * (1 << 20)).collect();
-        let text = run(ProgressStyle::Lines, false, total, &steps);
+        let (text, term) = run(ProgressStyle::Lines, false, total, &steps);
+        assert_eq!(term, "", "no bar outside a terminal");
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "model.safetensors: downloading 100.0 MiB");
+        assert_eq!(lines[0], "model.safetensors: downloading 100.00 MiB");
         let percents: Vec<&str> = lines[1..lines.len() - 1]
             .iter()
             .map(|l| l.split_whitespace().nth(1).expect("percent"))
@@ -315,80 +344,79 @@ mod tests {
             ["10%", "20%", "30%", "40%", "50%", "60%", "70%", "80%", "90%"]
         );
         let last = lines.last().expect("summary");
-        assert!(last.starts_with("model.safetensors: 100.0 MiB in "), "{last}");
+        assert!(last.starts_with("model.safetensors: 100.00 MiB in "), "{last}");
         assert!(!text.contains('\r'));
     }
 
     #[test]
     fn small_files_get_only_the_summary_line() {
-        let text = run(ProgressStyle::Lines, false, 509, &[200, 509]);
+        let (text, _) = run(ProgressStyle::Lines, false, 509, &[200, 509]);
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.starts_with("model.safetensors: 509 B in "), "{text}");
     }
 
     #[test]
-    fn auto_draws_a_bar_on_a_terminal_and_lines_elsewhere() {
-        let bar = run(ProgressStyle::Auto, true, 4 << 20, &[1 << 20, 2 << 20]);
-        assert!(bar.starts_with("\rmodel.safetensors ["), "{bar:?}");
-        assert!(bar.ends_with('\n'));
-        assert!(bar.contains("] 100% 4.0 MiB/4.0 MiB "), "{bar:?}");
-        let lines = run(ProgressStyle::Auto, false, 4 << 20, &[1 << 20, 2 << 20]);
-        assert!(!lines.contains('\r'));
+    fn auto_draws_an_indicatif_bar_on_a_terminal_and_lines_elsewhere() {
+        let (lines, term) = run(ProgressStyle::Auto, true, 4 << 20, &[1 << 20, 2 << 20]);
+        assert_eq!(lines, "", "a bar, not lines");
+        let last = term.lines().last().expect("the finished bar");
+        assert!(last.trim_start().starts_with("model.safetensors ["), "{term:?}");
+        assert!(last.contains("[============] 100% 4.00 MiB/4.00 MiB "), "{term:?}");
+        assert_eq!(last.chars().count(), 80, "the path is padded to the width: {last:?}");
+        let (lines, term) = run(ProgressStyle::Auto, false, 4 << 20, &[1 << 20, 2 << 20]);
+        assert_eq!(term, "");
         assert!(
-            lines.starts_with("model.safetensors: downloading 4.0 MiB\n"),
+            lines.starts_with("model.safetensors: downloading 4.00 MiB\n"),
             "{lines:?}"
         );
     }
 
     #[test]
-    fn bar_fills_in_proportion() {
-        let half = bar_line("f", 50, Some(100), 0);
-        assert_eq!(
-            half,
-            format!("f [{:<12}]  50% 50 B/100 B 0 B/s", format!("{}>", "=".repeat(6)))
-        );
-        let full = bar_line("f", 100, Some(100), 0);
-        assert!(full.contains(&format!("[{}]", "=".repeat(12))), "{full}");
-    }
-
-    #[test]
-    fn bar_lines_fit_80_columns() {
-        let worst = bar_line(
-            "multilingual/tokenizer/tokenizer_config.json",
-            1023 << 20,
-            Some(1023 << 30),
-            1023 << 20,
-        );
-        assert!(worst.starts_with("…kenizer_config.json ["), "{worst}");
+    fn a_long_path_is_cut_to_the_terminal_width() {
+        let (out, term) = (Captured::default(), Captured::default());
+        let mut progress = progress(ProgressStyle::Bar, true, &out, &term);
+        let name = "multilingual/tokenizer/tokenizer_config.json";
+        progress.file(name, Some(900 << 20), 0).finish(900 << 20);
+        let text = term.text();
+        let last = text.lines().last().expect("frame");
+        assert_eq!(last.chars().count(), 80, "{last:?}");
+        // How much of the path fits depends on the rate's width; its end is what stays.
+        let shown = last.split(" [").next().expect("path");
         assert!(
-            worst.chars().count() <= 80,
-            "{} columns: {worst}",
-            worst.chars().count()
+            shown.len() < name.len() && name.ends_with(shown),
+            "the start goes: {last:?}"
         );
+        assert!(
+            shown.ends_with("/tokenizer_config.json"),
+            "the file name stays: {last:?}"
+        );
+        assert!(last.contains("100% 900.00 MiB/900.00 MiB"), "{last:?}");
     }
 
     #[test]
-    fn a_shorter_redraw_blanks_the_rest_of_the_line() {
-        let out = Captured::default();
-        let mut progress = Progress::to_writer(ProgressStyle::Bar, true, Box::new(out.clone()));
-        let mut file = progress.file("f", None, 0);
-        file.drawn_width = 40;
-        file.draw(1, "");
-        let text = out.text();
-        let line = text.trim_start_matches('\r');
-        assert_eq!(line.chars().count(), 40, "{text:?}");
-        assert!(line.ends_with(' '));
+    fn a_note_during_a_bar_is_written_and_the_bar_goes_on() {
+        let (out, term) = (Captured::default(), Captured::default());
+        let mut progress = progress(ProgressStyle::Bar, true, &out, &term);
+        let mut file = progress.file("model.safetensors", Some(10 << 20), 0);
+        file.advance(3 << 20);
+        file.note("model.safetensors: interrupted; resuming");
+        file.advance(10 << 20);
+        file.finish(10 << 20);
+        assert_eq!(out.text(), "model.safetensors: interrupted; resuming\n");
+        assert!(term.text().contains("100% 10.00 MiB/10.00 MiB"), "{:?}", term.text());
     }
 
     #[test]
     fn a_resume_says_where_it_starts() {
-        let out = Captured::default();
-        let mut progress = Progress::to_writer(ProgressStyle::Lines, false, Box::new(out.clone()));
+        let (out, term) = (Captured::default(), Captured::default());
+        let mut progress = progress(ProgressStyle::Lines, false, &out, &term);
         let file = progress.file("model.safetensors", Some(10 << 20), 3 << 20);
         file.finish(10 << 20);
         assert!(
             out.text()
-                .starts_with("model.safetensors: resuming at 3.0 MiB of 10.0 MiB\n")
+                .starts_with("model.safetensors: resuming at 3.00 MiB of 10.00 MiB\n"),
+            "{}",
+            out.text()
         );
     }
 
@@ -400,23 +428,27 @@ mod tests {
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
-        let direct = Captured::default();
+        let (direct, term) = (Captured::default(), Captured::default());
         tracing::subscriber::with_default(subscriber, || {
-            let mut progress = Progress::to_writer(ProgressStyle::Log, false, Box::new(direct.clone()));
+            let mut progress = progress(ProgressStyle::Log, false, &direct, &term);
             progress.note("fetching english");
             progress.file("model.safetensors", Some(2 << 20), 0).finish(2 << 20);
         });
         assert_eq!(direct.text(), "", "nothing bypasses the log");
+        assert_eq!(term.text(), "");
         let text = log.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[0].contains("INFO layad_hub: fetching english"), "{text}");
-        assert!(lines[1].ends_with("model.safetensors: downloading 2.0 MiB"), "{text}");
-        assert!(lines[2].contains("model.safetensors: 2.0 MiB in "), "{text}");
+        assert!(lines[1].ends_with("model.safetensors: downloading 2.00 MiB"), "{text}");
+        assert!(lines[2].contains("model.safetensors: 2.00 MiB in "), "{text}");
     }
 
     #[test]
     fn silent_writes_nothing() {
-        assert_eq!(run(ProgressStyle::Silent, true, 4 << 20, &[1 << 20]), "");
+        assert_eq!(
+            run(ProgressStyle::Silent, true, 4 << 20, &[1 << 20]),
+            (String::new(), String::new())
+        );
     }
 }

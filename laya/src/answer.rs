@@ -9,8 +9,9 @@ use std::ops::Add;
 use serde_json::{Map, Value};
 
 use crate::config::Temperatures;
+use crate::output::Precision;
 use crate::python_text::{float_value, round4};
-use crate::question::{AnswerKeys, Question};
+use crate::question::{AnswerKeys, Question, QuestionType};
 use crate::upstream::Upstream;
 
 /// numpy's pairwise summation of a contiguous array (`np.add.reduce`): sequential below eight
@@ -47,6 +48,28 @@ pub fn softmax_f32(logits: &[f32]) -> Vec<f32> {
     let exp: Vec<f32> = logits.iter().map(|z| (z - max).exp()).collect();
     let sum = numpy_sum(&exp);
     exp.iter().map(|e| e / sum).collect()
+}
+
+/// The temperature upstream divides the logits by for a question of this type with `k` options:
+/// its bucket's entry in `temperature_by_options`, else its type's.
+pub fn temperature(temperatures: &Temperatures, qtype: QuestionType, k: usize) -> f64 {
+    let bucket = temperature_bucket(qtype, k);
+    temperatures
+        .by_options
+        .iter()
+        .find(|(key, _)| *key == bucket)
+        .map_or(temperatures.by_type[qtype as usize], |(_, t)| *t)
+}
+
+/// Upstream's `temp_bucket`: `"choice:2"`, `"score:3-5"`, `"choice:6-10"`, `"choice:11+"`.
+pub fn temperature_bucket(qtype: QuestionType, k: usize) -> String {
+    let size = match k {
+        0..=2 => "2",
+        3..=5 => "3-5",
+        6..=10 => "6-10",
+        _ => "11+",
+    };
+    format!("{}:{size}", qtype.as_str())
 }
 
 /// Calibrated option probabilities: `softmax(logits / T)` in float32 (the temperature is
@@ -91,49 +114,6 @@ fn unpermute(p: Vec<f32>, order: Option<&[usize]>) -> Vec<f32> {
     }
 }
 
-/// TypeSafe's Jev `confidence` of an answer (0.4.15's `x_jev_confidence`, spec §5.5), computed
-/// from the answer's rounded `probabilities` exactly as upstream reads them back; `None` for noul
-/// answers and for probabilities that are not usable numbers.
-pub fn jev_confidence(answer: &Map<String, Value>) -> Option<f64> {
-    let kind = answer.get("type")?.as_str()?;
-    let probabilities = answer.get("probabilities")?.as_object().filter(|p| !p.is_empty())?;
-    if kind != "choice" && kind != "score" {
-        return None;
-    }
-    // Score keys are "0".."n-1" in order already; upstream sorts them by int, which is the same.
-    let p: Vec<f64> = probabilities.values().map(Value::as_f64).collect::<Option<_>>()?;
-    if !p.iter().all(|v| v.is_finite() && *v >= 0.0) {
-        return None;
-    }
-    let n = p.len();
-    if n == 1 {
-        return Some(1.0);
-    }
-    let total: f64 = p.iter().sum();
-    let p: Vec<f64> = if total != 0.0 {
-        p.iter().map(|v| v / total).collect()
-    } else {
-        vec![1.0 / n as f64; n]
-    };
-    let nf = n as f64;
-    if kind == "choice" {
-        let max = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        return Some((max - 1.0 / nf) / (1.0 - 1.0 / nf));
-    }
-    let mode = p
-        .iter()
-        .enumerate()
-        .fold(0, |best, (i, v)| if *v > p[best] { i } else { best });
-    let spread: f64 = p
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * (i as f64 - mode as f64).abs())
-        .sum();
-    let center = (nf - 1.0) / 2.0;
-    let uniform_spread = (0..n).map(|i| (i as f64 - center).abs()).sum::<f64>() / nf;
-    Some((1.0 - spread / uniform_spread).max(0.0))
-}
-
 /// The first index holding the maximum (numpy's `argmax`): the option upstream answers with.
 pub fn first_argmax(p: &[f32]) -> usize {
     let mut best = 0;
@@ -145,8 +125,19 @@ pub fn first_argmax(p: &[f32]) -> usize {
     best
 }
 
-/// One question's answer object, in upstream's key order. `logits` holds the row's real options
-/// only; `act_probability` is component 0 of the act head's softmax.
+/// The float32 probabilities widened to float64 and divided by their float64 sum: a distribution
+/// whose sum is one within a few ulps (float32 rounding alone leaves it up to ~1e-7·k off).
+pub fn normalised_f64(p: &[f32]) -> Vec<f64> {
+    let wide: Vec<f64> = p.iter().map(|&x| f64::from(x)).collect();
+    let total: f64 = wide.iter().sum();
+    if !(total.is_finite() && total > 0.0) {
+        return wide;
+    }
+    wide.iter().map(|x| x / total).collect()
+}
+
+/// One question's answer object, in upstream's key order, with upstream's rounding. `logits` holds
+/// the row's real options only; `act_probability` is component 0 of the act head's softmax.
 pub fn answer(
     question: &Question,
     logits: &[f32],
@@ -154,16 +145,40 @@ pub fn answer(
     temperatures: &Temperatures,
     upstream: Upstream,
 ) -> Value {
+    answer_in(
+        question,
+        logits,
+        act_probability,
+        temperatures,
+        upstream,
+        Precision::Upstream,
+    )
+}
+
+/// [`answer`] with the probabilities, `score` and `noul` written at `precision`; every other
+/// number (`confidence`, `answer_confidence`, `action`) is upstream's either way.
+pub fn answer_in(
+    question: &Question,
+    logits: &[f32],
+    act_probability: f32,
+    temperatures: &Temperatures,
+    upstream: Upstream,
+    precision: Precision,
+) -> Value {
     let k = logits.len();
-    let p = calibrated_probabilities(logits, temperatures.for_question(question.qtype, k));
+    let p = calibrated_probabilities(logits, temperature(temperatures, question.qtype, k));
     let p = unpermute(p, question.option_order.as_deref());
+    let exact = (precision == Precision::Exact).then(|| normalised_f64(&p));
     let top = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let answer_confidence = float_value(round4(f64::from(top.clamp(0.0, 1.0))));
     let action = Value::Object(Map::from_iter([(
         "act_probability".to_owned(),
         float_value(round4(f64::from(act_probability))),
     )]));
-    let probability = |x: f32| float_value(round4(f64::from(x)));
+    let probability = |i: usize| match &exact {
+        Some(exact) => float_value(exact[i]),
+        None => float_value(round4(f64::from(p[i]))),
+    };
     let mut out = Map::new();
     out.insert("type".to_owned(), Value::from(question.qtype.as_str()));
     match &question.keys {
@@ -174,8 +189,8 @@ pub fn answer(
                 Value::Object(
                     labels
                         .iter()
-                        .zip(&p)
-                        .map(|(l, x)| (l.key.clone(), probability(*x)))
+                        .enumerate()
+                        .map(|(i, l)| (l.key.clone(), probability(i)))
                         .collect(),
                 ),
             );
@@ -185,8 +200,14 @@ pub fn answer(
             );
         }
         AnswerKeys::Score(levels) => {
-            let weighted: Vec<f64> = p.iter().enumerate().map(|(i, x)| i as f64 * f64::from(*x)).collect();
-            out.insert("score".to_owned(), float_value(round4(numpy_sum(&weighted))));
+            let score = match &exact {
+                Some(exact) => exact.iter().enumerate().map(|(i, x)| i as f64 * x).sum::<f64>(),
+                None => {
+                    let weighted: Vec<f64> = p.iter().enumerate().map(|(i, x)| i as f64 * f64::from(*x)).collect();
+                    round4(numpy_sum(&weighted))
+                }
+            };
+            out.insert("score".to_owned(), float_value(score));
             out.insert(
                 "legend".to_owned(),
                 Value::Object(
@@ -199,12 +220,7 @@ pub fn answer(
             );
             out.insert(
                 "probabilities".to_owned(),
-                Value::Object(
-                    p.iter()
-                        .enumerate()
-                        .map(|(i, x)| (i.to_string(), probability(*x)))
-                        .collect(),
-                ),
+                Value::Object((0..p.len()).map(|i| (i.to_string(), probability(i))).collect()),
             );
             out.insert(
                 "confidence".to_owned(),
@@ -213,7 +229,8 @@ pub fn answer(
         }
         AnswerKeys::Noul => {
             let p_true = f64::from(p[1]);
-            out.insert("noul".to_owned(), float_value(round4(p_true)));
+            let noul = exact.as_ref().map_or_else(|| round4(p_true), |exact| exact[1]);
+            out.insert("noul".to_owned(), float_value(noul));
             out.insert("confidence".to_owned(), float_value(round4(p_true.max(1.0 - p_true))));
         }
     }
@@ -225,6 +242,25 @@ pub fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bucket_entry_wins_over_the_type() {
+        let t = Temperatures {
+            by_type: [1.6369, 2.0, 1.0],
+            by_options: vec![
+                ("choice:11+".to_owned(), 0.5),
+                ("score:6-10".to_owned(), 5.0),
+                ("choice:2".to_owned(), 1.9064),
+            ],
+            clamped: Vec::new(),
+        };
+        assert_eq!(temperature(&t, QuestionType::Choice, 12), 0.5);
+        assert_eq!(temperature(&t, QuestionType::Score, 7), 5.0);
+        assert_eq!(temperature(&t, QuestionType::Noul, 2), 1.0);
+        assert_eq!(temperature(&t, QuestionType::Choice, 1), 1.9064);
+        assert_eq!(temperature(&t, QuestionType::Choice, 4), 1.6369);
+        assert_eq!(temperature_bucket(QuestionType::Score, 5), "score:3-5");
+    }
 
     #[test]
     fn numpy_sum_uses_eight_accumulators_from_eight_elements() {
@@ -247,5 +283,25 @@ mod tests {
             assert_eq!(entropy_confidence(&[0.5, 0.5], upstream), 0.0);
         }
         assert_eq!(first_argmax(&[0.2, 0.4, 0.4]), 1);
+    }
+
+    #[test]
+    fn exact_probabilities_sum_to_one_where_rounded_ones_need_not() {
+        // Three options whose rounded probabilities sum to 1.0001 (0.3632 + 0.2826 + 0.3543, the
+        // issue's case), searched for over a grid so the test does not hang on one float.
+        let rounded_off = (0..400)
+            .map(|i| [0.0f32, -0.25 + i as f32 * 0.001, -0.02])
+            .find(|l| {
+                let p = softmax_f32(l);
+                (p.iter().map(|&x| round4(f64::from(x))).sum::<f64>() - 1.0).abs() > 5e-5
+            })
+            .expect("a case whose rounded probabilities miss one");
+        let p = normalised_f64(&softmax_f32(&rounded_off));
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        // Many options: float32 alone drifts; the float64 division brings it back.
+        let wide: Vec<f32> = (0..255).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let p = normalised_f64(&softmax_f32(&wide));
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert_eq!(normalised_f64(&[0.0, 0.0]), [0.0, 0.0]);
     }
 }

@@ -10,12 +10,13 @@
 
 use serde_json::{Map, Value};
 
+use crate::error::RequestError;
 use crate::output::OutputProfile;
 use crate::python_text::{Separators, number_is_int, py_json, py_len, py_repr};
 use crate::request::{
-    BODY_REFUSALS, Controls, DecisionRequest, MAX_QUESTIONS, MAX_STATE_CHARS, RequestError, RequestLimits,
-    check_option_counts, decode_like_python, hooks_refused, lone_surrogate_refused, mask_lone_surrogates, no_questions,
-    read_controls, state_chars_0_4,
+    BODY_REFUSALS, Controls, DecisionRequest, MAX_QUESTIONS, MAX_STATE_CHARS, RequestLimits, check_option_counts,
+    decode_like_python, hooks_refused, lone_surrogate_refused, mask_lone_surrogates, no_questions, read_controls,
+    state_chars_0_4,
 };
 use crate::routing::{CheckpointName, Registry, resolve_model_field_in};
 use crate::upstream::Upstream;
@@ -414,7 +415,7 @@ mod tests {
         let missing = jev(r#"{"questions": {}}"#).expect_err("no states");
         assert_eq!(
             missing.problem,
-            crate::request::Problem::Invalid {
+            crate::error::Problem::Invalid {
                 loc: vec![Value::from("states")],
                 kind: "missing"
             }

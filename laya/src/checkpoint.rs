@@ -7,47 +7,12 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::config::{AgentConfig, EncoderConfig};
+pub use crate::error::CheckpointError;
 use crate::routing::{BUNDLE_REPO, CheckpointName};
 use crate::tokenizer::LayaTokenizer;
-
-/// Why a checkpoint could not be found or opened; every variant names the file or place.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A file the checkpoint needs is absent.
-    #[error("{path}: missing (a Laya checkpoint needs rl_agent_config.json, model.safetensors, encoder/config.json and tokenizer/)", path = path.display())]
-    Missing {
-        /// The absent file.
-        path: PathBuf,
-    },
-    /// A file exists but could not be read.
-    #[error("{path}: {source}", path = path.display())]
-    Io {
-        /// The unreadable file.
-        path: PathBuf,
-        /// The operating system's reason.
-        source: std::io::Error,
-    },
-    /// A file was read but its content is wrong.
-    #[error("{path}: {problem}", path = path.display())]
-    Invalid {
-        /// The malformed file.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// The checkpoint is in none of the places searched.
-    #[error("checkpoint '{name}' not found; looked in {searched}")]
-    NotFound {
-        /// The checkpoint asked for.
-        name: String,
-        /// The places searched, human readable.
-        searched: String,
-    },
-}
 
 /// Where a checkpoint's files were found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,6 +200,10 @@ pub fn find_in_hf_cache(cache: &Path, name: CheckpointName) -> Result<Location, 
     })
 }
 
+/// The longest safetensors header read (64 MiB; the `safetensors` crate allows 100 MB): a Laya
+/// checkpoint's header is a few kilobytes, and a wrong length field must not allocate gigabytes.
+const MAX_HEADER: u64 = 1 << 26;
+
 /// One tensor's entry in the safetensors header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -255,7 +224,7 @@ pub struct WeightsFile {
     pub sha256: String,
     /// Size in bytes.
     pub size: u64,
-    /// The tensor table from the header, in header order.
+    /// The tensor table from the header, in the order of the tensors' data in the file.
     pub tensors: Vec<TensorInfo>,
 }
 
@@ -269,6 +238,11 @@ impl WeightsFile {
     }
 
     /// [`WeightsFile::inspect`] without the hash (`sha256` empty): the header and the file's size.
+    ///
+    /// Only the header is read (its 8-byte length, then that much JSON), not the gigabyte of tensor
+    /// data after it; the `safetensors` crate parses and validates it (known dtypes, offsets that
+    /// tile the data with no gap, each tensor's byte length equal to its shape times its dtype), as
+    /// candle will when the worker loads the file, so a checkpoint refused there is refused here.
     fn inspect_header(path: &Path) -> Result<Self, CheckpointError> {
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
@@ -280,60 +254,52 @@ impl WeightsFile {
         };
         let mut file = open_weights(path)?;
         let size = file.metadata().map_err(io)?.len();
-        // The header is its length (8 bytes, little-endian) and that much JSON; only it is read.
         let mut length = [0u8; 8];
         file.read_exact(&mut length)
             .map_err(|_| invalid("shorter than a safetensors header".to_owned()))?;
         let header_len = u64::from_le_bytes(length);
+        // `SafeTensors::read_metadata` wants the whole file in memory (or mapped, which is unsafe
+        // code); reading the header ourselves keeps this a read of a few kilobytes.
         let header_end = header_len
             .checked_add(8)
-            .filter(|end| *end <= size && *end <= 1 << 26)
+            .filter(|end| *end <= size && *end <= MAX_HEADER)
             .and_then(|end| usize::try_from(end).ok());
         let header_end =
             header_end.ok_or_else(|| invalid(format!("header length {header_len} does not fit in the file")))?;
-        let mut head = vec![0u8; header_end];
-        head[..8].copy_from_slice(&length);
-        file.read_exact(&mut head[8..]).map_err(io)?;
-        let header: Value = serde_json::from_slice(&head[8..header_end])
-            .map_err(|e| invalid(format!("header is not valid JSON: {e}")))?;
-        let header = header
-            .as_object()
-            .ok_or_else(|| invalid("header is not a JSON object".to_owned()))?;
+        let mut header = vec![0u8; header_end - 8];
+        file.read_exact(&mut header).map_err(io)?;
+        let metadata: safetensors::tensor::Metadata = serde_json::from_slice(&header).map_err(|e| {
+            invalid(match e.classify() {
+                serde_json::error::Category::Data => format!("header does not describe safetensors tensors: {e}"),
+                _ => format!("header is not valid JSON: {e}"),
+            })
+        })?;
+        // The crate's own rule (`read_metadata`): the tensors end exactly where the file does.
         let data_len = size - header_end as u64;
-        let mut tensors = Vec::with_capacity(header.len());
-        for (name, entry) in header {
-            if name == "__metadata__" {
-                continue;
-            }
-            let bad = |what: &str| invalid(format!("tensor '{name}': {what}"));
-            let dtype = entry
-                .get("dtype")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("no dtype"))?
-                .to_owned();
-            let shape = entry
-                .get("shape")
-                .and_then(Value::as_array)
-                .and_then(|dims| {
-                    dims.iter()
-                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| bad("shape is not a list of sizes"))?;
-            let offsets = entry
-                .get("data_offsets")
-                .and_then(Value::as_array)
-                .map(|o| o.iter().filter_map(Value::as_u64).collect::<Vec<_>>());
-            match offsets.as_deref() {
-                Some([start, end]) if start <= end && *end <= data_len => {}
-                _ => return Err(bad("data_offsets missing or outside the file")),
-            }
-            tensors.push(TensorInfo {
-                name: name.clone(),
-                dtype,
-                shape,
-            });
+        let covered = metadata.data_len() as u64;
+        if covered != data_len {
+            let why = if covered > data_len {
+                "truncated"
+            } else {
+                "trailing bytes"
+            };
+            return Err(invalid(format!(
+                "the header's tensors need {covered} bytes of data but the file has {data_len} after the header ({why})"
+            )));
         }
+        // `offset_keys` and `info` read the same table: every name has its entry.
+        let tensors: Vec<TensorInfo> = metadata
+            .offset_keys()
+            .into_iter()
+            .filter_map(|name| {
+                let info = metadata.info(&name)?;
+                Some(TensorInfo {
+                    dtype: info.dtype.to_string(),
+                    shape: info.shape.clone(),
+                    name,
+                })
+            })
+            .collect();
         for prefix in ["encoder.", "type_emb.", "scorer.", "act_head."] {
             if !tensors.iter().any(|t| t.name.starts_with(prefix)) {
                 return Err(invalid(format!(

@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::checkpoint::CheckpointError;
+use crate::error::CheckpointError;
 use crate::python_text::{number_as_f64, number_is_int, py_repr};
-use crate::question::QuestionType;
 
 /// Lowest temperature upstream applies (`TEMP_MIN`); smaller configured values are raised to it.
 pub const TEMP_MIN: f64 = 0.5;
@@ -46,28 +45,6 @@ pub struct Temperatures {
     pub by_options: Vec<(String, f64)>,
     /// Entries that were clamped or unreadable, for the load-time warning.
     pub clamped: Vec<ClampedTemperature>,
-}
-
-impl Temperatures {
-    /// The temperature upstream divides the logits by for a question of this type with `k` options.
-    pub fn for_question(&self, qtype: QuestionType, k: usize) -> f64 {
-        let bucket = temperature_bucket(qtype, k);
-        self.by_options
-            .iter()
-            .find(|(key, _)| *key == bucket)
-            .map_or(self.by_type[qtype as usize], |(_, t)| *t)
-    }
-}
-
-/// Upstream's `temp_bucket`: `"choice:2"`, `"score:3-5"`, `"choice:6-10"`, `"choice:11+"`.
-pub fn temperature_bucket(qtype: QuestionType, k: usize) -> String {
-    let size = match k {
-        0..=2 => "2",
-        3..=5 => "3-5",
-        6..=10 => "6-10",
-        _ => "11+",
-    };
-    format!("{}:{size}", qtype.as_str())
 }
 
 /// Python's `float(x)` on a JSON value, or `None` where Python raises.
@@ -497,11 +474,8 @@ mod tests {
         .expect("valid config");
         let t = &cfg.temperatures;
         assert_eq!(t.by_type, [1.6369, 2.0, 1.0]);
-        assert_eq!(t.for_question(QuestionType::Choice, 12), 0.5);
-        assert_eq!(t.for_question(QuestionType::Score, 7), 5.0);
-        assert_eq!(t.for_question(QuestionType::Noul, 2), 1.0);
-        assert_eq!(t.for_question(QuestionType::Choice, 1), 1.9064);
-        assert_eq!(t.for_question(QuestionType::Choice, 4), 1.6369);
+        assert_eq!(t.by_options[0], ("choice:11+".to_owned(), 0.5));
+        assert_eq!(t.by_options[1], ("score:6-10".to_owned(), 5.0));
         let flagged: Vec<&str> = t.clamped.iter().map(|c| c.entry.as_str()).collect();
         assert_eq!(flagged, ["choice:11+", "score:6-10", "noul:2"]);
         assert_eq!(cfg.max_len, 512);

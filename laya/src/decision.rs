@@ -5,14 +5,15 @@
 
 use serde_json::{Map, Value};
 
-use crate::answer::{answer, jev_confidence};
+use crate::answer::{answer_in, temperature_bucket};
 use crate::checkpoint::Checkpoint;
-use crate::config::temperature_bucket;
+use crate::error::RequestError;
+use crate::jev::jev_confidence;
 use crate::output::OutputProfile;
 use crate::prompt::{PromptError, Row, RowLimits, RowStats, build_rows, input_tokens};
 use crate::python_text::{float_value, round4};
 use crate::question::{Question, QuestionType, parse_questions_in};
-use crate::request::{DecisionRequest, MinConfidence, RequestError, RequestLimits};
+use crate::request::{DecisionRequest, MinConfidence, RequestLimits};
 use crate::routing::{CheckpointName, Registry, RouteOptions, RouteRequest, RoutingDecision, route};
 use crate::upstream::Upstream;
 
@@ -116,6 +117,23 @@ pub fn route_request(
     route(request.state.as_ref(), &ids, &route_request, &route_options).map_err(RequestError::from_route)
 }
 
+/// The refusal of a request routed to a checkpoint this server's configuration does not serve (it
+/// is `"off"`): 501, since serving it is not something this server does, and no `Retry-After`,
+/// since asking again cannot help until an operator changes the configuration. A checkpoint that is
+/// served but whose workers are not loaded yet is never refused here: it is served on demand.
+pub fn not_served(checkpoint: CheckpointName) -> RequestError {
+    RequestError::new(
+        501,
+        format!(
+            "checkpoint '{}' is turned off in this server's configuration; requests routed to it are refused \
+             until an operator serves it (retrying will not help)",
+            checkpoint.as_str()
+        ),
+    )
+    // Under the `jev` profile, what Jev answers for a model it does not serve.
+    .refused(crate::jev::UNKNOWN_MODEL_ERROR)
+}
+
 /// Validates the questions and builds the rows of a request already routed to `routing`.
 pub fn prepare_routed<'a>(
     request: &DecisionRequest,
@@ -123,15 +141,7 @@ pub fn prepare_routed<'a>(
     checkpoints: impl Fn(CheckpointName) -> Option<&'a Checkpoint>,
     options: DecisionOptions,
 ) -> Result<PreparedDecision, RequestError> {
-    let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| {
-        RequestError::new(
-            503,
-            format!(
-                "checkpoint '{}' is not served by this server",
-                routing.checkpoint.as_str()
-            ),
-        )
-    })?;
+    let checkpoint = checkpoints(routing.checkpoint).ok_or_else(|| not_served(routing.checkpoint))?;
     let upstream = options.upstream;
     let mut prepared = PreparedDecision {
         routing,
@@ -208,18 +218,19 @@ pub fn respond_unprojected(
             tracing::error!(question = %question.id, markers = row.markers.len(), logits = output.logits.len(), "logit count does not match the row");
             return Err(RequestError::inference_failed());
         }
-        let mut answer = answer(
+        let mut answer = answer_in(
             question,
             &output.logits,
             output.act_probability,
             &checkpoint.agent.temperatures,
             prepared.upstream,
+            prepared.output.precision(),
         );
         if let Value::Object(fields) = &mut answer {
             if let Some(threshold) = &prepared.min_confidence {
                 gate(fields, threshold);
             }
-            if prepared.upstream.is_0_4()
+            if prepared.upstream.differences().x_jev_confidence
                 && let Some(jev) = jev_confidence(fields)
             {
                 fields.insert("x_jev_confidence".to_owned(), float_value(round4(jev)));
@@ -241,7 +252,7 @@ fn usage(prepared: &PreparedDecision) -> Map<String, Value> {
     let mut usage = Map::new();
     usage.insert("input_tokens".to_owned(), Value::from(input_tokens(&prepared.rows)));
     usage.insert("output_tokens".to_owned(), Value::from(0));
-    if !prepared.upstream.is_0_4() || prepared.stats.is_empty() {
+    if !prepared.upstream.differences().usage_details || prepared.stats.is_empty() {
         return usage;
     }
     let dropped = prepared.stats.iter().map(|s| s.state_tokens_dropped).max().unwrap_or(0);

@@ -3,17 +3,20 @@
 //! model ids (they mean "let the router choose"; other unknown names are refused as Jev refuses
 //! them), how a refusal is written (`{"detail": {"error_type", "message"}}`, and FastAPI's 422
 //! `{"detail": [{"loc", "msg", "type"}]}` for a body that fails validation), and the tournament
-//! group that lets a choice of 255 options through. The answer side (the strict projection with
-//! Jev's `confidence`) is `output::project_jev`; what is accepted differently (a question without
-//! `instructions`, an empty `questions`) sits where those rules live, in `request` and `question`.
+//! group that lets a choice of 255 options through, and Jev's `confidence` formula
+//! ([`jev_confidence`]). The answer side (the strict projection with Jev's `confidence`) is
+//! `output::project_jev`; what is accepted differently (a question without `instructions`, an empty
+//! `questions`) sits where those rules live, in `request` and `question`.
 //!
 //! Everything here is reached only through an [`OutputProfile`](crate::output::OutputProfile)
-//! whose `is_jev()` is true; the `laya` and `jev-strict` profiles answer as upstream does.
+//! whose `is_jev()` is true, except [`jev_confidence`], which 0.4.15 also sends as
+//! `x_jev_confidence` under every profile; the `laya` and `jev-strict` profiles answer as upstream
+//! does. The Jev `error_type` of a refusal's status is `error::error_type`.
 
 use serde_json::{Map, Value};
 
+use crate::error::{Problem, RequestError};
 use crate::python_text::{py_repr, py_strip};
-use crate::request::{Problem, RequestError};
 use crate::routing::{BUNDLE_REPO, CheckpointName, Registry, resolve_model_field_in, unknown_model_name_in};
 use crate::upstream::Upstream;
 
@@ -24,6 +27,22 @@ pub const DEFAULT_TOURNAMENT_GROUP: usize = 16;
 
 /// The `error_type` of a refused model name.
 pub const UNKNOWN_MODEL_ERROR: &str = "api_usage_error";
+
+/// The model ids the other Laya runtimes serve that name one checkpoint, read in the `jev` profile as
+/// that checkpoint: `laya-421m` is the English checkpoint (ModernBERT-large with the decision head,
+/// 421M parameters) as the Apple peer laya-mlx serves it and jevkit-runtime's `laya` provider (under
+/// `jev-grep` and `jev-sort`) asks for it. The others' ids are upstream's names and aliases already:
+/// laya-apple serves `laya`, `laya-multilingual` and `laya-typed-decisions`, edgejev answers as
+/// `laya`. Under the `laya` profiles they are not read (upstream routes an unknown plain name
+/// automatically, and so does layad there). An operator's `[checkpoints.aliases]` entry of the same
+/// name wins.
+pub const PEER_MODEL_IDS: [(&str, CheckpointName); 1] = [("laya-421m", CheckpointName::English)];
+
+/// The ids the other Laya runtimes take for "let the router choose", which the `jev` profile reads
+/// as Jev's model ids: `auto` (laya-apple's and laya-mlx's automatic routing) and `laya-rl-agent`
+/// (the `model` every Laya server answers with, upstream's and layad's included, which a client
+/// may send back).
+pub const PEER_ROUTER_IDS: [&str; 2] = ["auto", "laya-rl-agent"];
 
 /// Whether a `model` value (already stripped and lower-cased) is one of Jev's model ids:
 /// `jev-latest`, `jev-preview`, a versioned `jev-1.13` / `jev-1.13.0`, each optionally behind the
@@ -42,9 +61,11 @@ pub fn is_jev_model_id(key: &str) -> bool {
     })
 }
 
-/// The `jev` profile's reading of the request's `model`: absent, null or blank, a Jev model id, or
-/// the Laya bundle's repo id → `None` (the router chooses by the state); a checkpoint name, alias
-/// or published Hugging Face id → that checkpoint; anything else → 400 `api_usage_error` naming
+/// The `jev` profile's reading of the request's `model`: absent, null or blank, a Jev model id, the
+/// Laya bundle's repo id or a peer's router id ([`PEER_ROUTER_IDS`]) → `None` (the router chooses
+/// by the state); a checkpoint name, alias (upstream's or the operator's), published Hugging Face id
+/// or a peer's checkpoint id ([`PEER_MODEL_IDS`]) → that checkpoint; anything else → 400
+/// `api_usage_error` naming
 /// what is accepted (Jev refuses a model it does not serve; answering it with a checkpoint the
 /// caller did not name would be a silent substitution). A value that is not a string is a
 /// validation failure of `model`.
@@ -60,12 +81,16 @@ pub fn resolve_model(model: Option<&Value>, registry: &Registry) -> Result<Optio
         }
     };
     let key = py_strip(text).to_lowercase();
-    if key.is_empty() || is_jev_model_id(&key) || key == BUNDLE_REPO {
+    if key.is_empty() || is_jev_model_id(&key) || key == BUNDLE_REPO || PEER_ROUTER_IDS.contains(&key.as_str()) {
         return Ok(None);
     }
-    match resolve_model_field_in(model, Upstream::V0_4_15, registry) {
-        Ok(Some(checkpoint)) => Ok(Some(checkpoint)),
-        _ => Err(RequestError::new(
+    let named = resolve_model_field_in(model, Upstream::V0_4_15, registry)
+        .ok()
+        .flatten();
+    let peer = || PEER_MODEL_IDS.iter().find(|(id, _)| *id == key).map(|&(_, c)| c);
+    match named.or_else(peer) {
+        Some(checkpoint) => Ok(Some(checkpoint)),
+        None => Err(RequestError::new(
             400,
             format!(
                 "{}, or a Jev model id such as 'jev-latest' to let the router choose",
@@ -76,22 +101,47 @@ pub fn resolve_model(model: Option<&Value>, registry: &Registry) -> Result<Optio
     }
 }
 
-/// The Jev `error_type` of a refusal with this status that is not a validation failure.
-pub fn error_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found",
-        405 => "method_not_allowed",
-        408 => "request_timeout",
-        413 => "request_too_large",
-        415 => "unsupported_media_type",
-        421 => "misdirected_request",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        500..=599 => "internal_error",
-        _ => "invalid_request_error",
+/// TypeSafe's Jev `confidence` of an answer (0.4.15's `x_jev_confidence`, spec §5.5), computed
+/// from the answer's rounded `probabilities` exactly as upstream reads them back; `None` for noul
+/// answers and for probabilities that are not usable numbers.
+pub fn jev_confidence(answer: &Map<String, Value>) -> Option<f64> {
+    let kind = answer.get("type")?.as_str()?;
+    let probabilities = answer.get("probabilities")?.as_object().filter(|p| !p.is_empty())?;
+    if kind != "choice" && kind != "score" {
+        return None;
     }
+    // Score keys are "0".."n-1" in order already; upstream sorts them by int, which is the same.
+    let p: Vec<f64> = probabilities.values().map(Value::as_f64).collect::<Option<_>>()?;
+    if !p.iter().all(|v| v.is_finite() && *v >= 0.0) {
+        return None;
+    }
+    let n = p.len();
+    if n == 1 {
+        return Some(1.0);
+    }
+    let total: f64 = p.iter().sum();
+    let p: Vec<f64> = if total != 0.0 {
+        p.iter().map(|v| v / total).collect()
+    } else {
+        vec![1.0 / n as f64; n]
+    };
+    let nf = n as f64;
+    if kind == "choice" {
+        let max = p.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        return Some((max - 1.0 / nf) / (1.0 - 1.0 / nf));
+    }
+    let mode = p
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, v)| if *v > p[best] { i } else { best });
+    let spread: f64 = p
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (i as f64 - mode as f64).abs())
+        .sum();
+    let center = (nf - 1.0) / 2.0;
+    let uniform_spread = (0..n).map(|i| (i as f64 - center).abs()).sum::<f64>() / nf;
+    Some((1.0 - spread / uniform_spread).max(0.0))
 }
 
 /// A refusal as the Jev API writes it: `(status, body)`. A validation failure becomes FastAPI's
@@ -125,6 +175,7 @@ pub fn error_body(status: u16, detail: &str, problem: &Problem) -> (u16, Value) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::error_type;
     use serde_json::json;
 
     #[test]
@@ -161,6 +212,8 @@ mod tests {
     fn jev_ids_let_the_router_choose_names_pick_a_checkpoint_and_the_rest_is_refused() {
         let resolve = |v: Value| resolve_model(Some(&v), Registry::builtin_only());
         for auto in [
+            json!("auto"),
+            json!(" Laya-RL-Agent"),
             json!("jev-latest"),
             json!(" TypeSafe/Jev-1.13 "),
             json!("~typesafe/jev-latest"),
@@ -172,6 +225,9 @@ mod tests {
         }
         assert_eq!(resolve_model(None, Registry::builtin_only()), Ok(None));
         assert_eq!(resolve(json!("en")), Ok(Some(CheckpointName::English)));
+        // laya-mlx's id of the English checkpoint (jevkit-runtime's `laya` provider sends it).
+        assert_eq!(resolve(json!("laya-421m")), Ok(Some(CheckpointName::English)));
+        assert_eq!(resolve(json!("LAYA-421M ")), Ok(Some(CheckpointName::English)));
         assert_eq!(resolve(json!("multilingual")), Ok(Some(CheckpointName::Multilingual)));
         assert_eq!(
             resolve(json!("convaiinnovations/laya-typed-decisions")),

@@ -12,8 +12,21 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value};
 
-use crate::answer::jev_confidence;
-use crate::python_text::{Separators, float_value, py_json, round4};
+use crate::jev::jev_confidence;
+use crate::python_text::{Separators, float_value, py_json};
+
+/// How an answer writes its probabilities, `score` and `noul`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Upstream's: each `round4` of the float32 softmax (the `laya` and `jev-strict` profiles,
+    /// byte for byte). Rounded values need not sum to one: 0.3632 + 0.2826 + 0.3543 = 1.0001.
+    #[default]
+    Upstream,
+    /// The Jev API's (the `jev` profile): unrounded float64, the float32 softmax widened and divided
+    /// by its float64 sum, so that the probabilities sum to one within a few ulps (Jev clients such
+    /// as jevantic check 1e-6), and `score` is the expectation over exactly those probabilities.
+    Exact,
+}
 
 /// The output profile of a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -53,6 +66,15 @@ impl OutputProfile {
     /// `x_layad`; the Jev profiles answer with the contract's keys only.
     pub fn keeps_extra_keys(self) -> bool {
         self == OutputProfile::Laya
+    }
+
+    /// How answers write their probabilities, `score` and `noul`: upstream's 4 decimals, except
+    /// under `jev`, whose clients need a distribution that sums to one ([`Precision`]).
+    pub fn precision(self) -> Precision {
+        match self {
+            OutputProfile::Jev => Precision::Exact,
+            _ => Precision::Upstream,
+        }
     }
 
     /// The tournament group a server plays with when `[compat] tournament_group` is `configured`
@@ -145,8 +167,9 @@ pub fn project_jev_strict(result: &Map<String, Value>) -> Map<String, Value> {
 }
 
 /// The `jev` profile's answer: the strict projection, with each choice's and score's `confidence`
-/// replaced by Jev's (`answer::jev_confidence` of the answer's probabilities, 4 decimals: the
-/// value 0.4.15 sends as `x_jev_confidence`; for a tournament, over the merged probabilities).
+/// replaced by Jev's (`jev::jev_confidence` of the answer's probabilities — the formula 0.4.15
+/// sends as `x_jev_confidence` — unrounded like them: the Jev API rounds none of its numbers; for
+/// a tournament, over the merged probabilities).
 /// Laya's own confidence is a normalised entropy, which a Jev client would misread. A choice whose
 /// label is not a string (Laya's list-form criteria `[1, 2]`) answers with its `probabilities` key
 /// (`"1"`): Jev's option names are strings, and the Jev SDKs refuse a numeric `choice`.
@@ -160,7 +183,7 @@ pub fn project_jev(result: &Map<String, Value>) -> Map<String, Value> {
             if fields.contains_key("confidence")
                 && let Some(confidence) = jev_confidence(fields)
             {
-                fields.insert("confidence".to_owned(), float_value(round4(confidence)));
+                fields.insert("confidence".to_owned(), float_value(confidence));
             }
             if fields.get("type").and_then(Value::as_str) == Some("choice")
                 && let Some(label) = fields.get("choice").filter(|c| !c.is_string() && !c.is_null())

@@ -126,7 +126,7 @@ pub fn build_rows(
     // Only a row's worth of each text can reach a row: the state's first (or last) `max_len` tokens,
     // the head's first `head_max_len` (at least 8, see below), an option's first 48.
     let state_text = unmask(&serialize_state(state));
-    let state_ids = if upstream.is_0_4() {
+    let state_ids = if upstream.differences().state_tokenized_whole {
         tokenizer.encode(&state_text)?
     } else if truncate_left {
         tokenizer.encode_last(&state_text, max_len)?

@@ -107,7 +107,7 @@ pub struct QuestionError(pub String);
 
 fn check(qid: &str, def: &Value, upstream: Upstream, output: OutputProfile) -> Result<(), QuestionError> {
     let q = py_repr_str(qid);
-    if upstream.is_0_4() && py_strip(qid).is_empty() {
+    if upstream.differences().question_ids_nonblank && py_strip(qid).is_empty() {
         return Err(QuestionError(format!(
             "question id must be a non-empty string, got {q}"
         )));
@@ -125,7 +125,7 @@ fn check(qid: &str, def: &Value, upstream: Upstream, output: OutputProfile) -> R
         // Jev's `instructions` are optional (absent, null or empty): the options carry the
         // question, as in a noul that only has criteria.
     } else if let Some(instructions) = instructions {
-        if upstream.is_0_4() {
+        if upstream.differences().instructions_required {
             let empty = match instructions {
                 Value::Null => {
                     return fail("'instructions' must not be None; add the text the model should answer".to_owned());
@@ -209,7 +209,7 @@ fn check(qid: &str, def: &Value, upstream: Upstream, output: OutputProfile) -> R
             }
         }
     }
-    if upstream.is_0_4()
+    if upstream.differences().option_order
         && let Some(order) = def.get("option_order")
         && option_order(order, option_count(qtype, criteria)).is_none()
     {
@@ -467,7 +467,7 @@ pub fn parse_questions_in(
     for (id, def) in questions {
         check(id, def, upstream, output)?;
     }
-    if upstream.is_0_4() {
+    if upstream.differences().label_keys_distinct {
         for (id, def) in questions {
             if def["type"] == "choice"
                 && let Some(Value::Array(labels)) = def.get("criteria")

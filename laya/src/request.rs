@@ -9,8 +9,11 @@ use serde_json::{Map, Value};
 
 use crate::output::OutputProfile;
 use crate::python_text::{Separators, number_as_f64, number_is_int, py_json, py_len, py_repr, py_repr_str};
-use crate::routing::{CheckpointName, Registry, RouteError, resolve_model_field_in};
+use crate::routing::{CheckpointName, Registry, resolve_model_field_in};
 use crate::upstream::Upstream;
+
+pub use crate::error::{Problem, RequestError};
+pub use crate::limits::DEFAULT_MAX_TOKEN_BUDGET;
 
 /// Largest accepted body (`MAX_BODY_BYTES`), measured while streaming.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -18,94 +21,6 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 pub const MAX_QUESTIONS: usize = 64;
 /// Longest state in characters (`MAX_STATE_CHARS`).
 pub const MAX_STATE_CHARS: usize = 50_000;
-
-/// A request answered with an error status and upstream's `{"detail": ...}` text.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{status}: {detail}")]
-pub struct RequestError {
-    /// HTTP status code.
-    pub status: u16,
-    /// The `detail` text.
-    pub detail: String,
-    /// What kind of refusal it is, for the `jev` profile, which writes validation failures and other
-    /// refusals in different shapes (`crate::jev::error_body`); upstream's shape ignores it.
-    pub problem: Problem,
-}
-
-/// How the Jev wire contract classes a refusal.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Problem {
-    /// The body fails validation: FastAPI's 422 item, with where (`loc` after `"body"`: field
-    /// names and question ids) and pydantic's error `type` (`missing`, `json_invalid`, …).
-    Invalid {
-        /// The path below `"body"`; empty for the body as a whole.
-        loc: Vec<Value>,
-        /// The error type.
-        kind: &'static str,
-    },
-    /// Anything else (a size limit, an unknown model, a server state), with Jev's `error_type`.
-    Refused {
-        /// The Jev error type.
-        error_type: &'static str,
-    },
-}
-
-impl RequestError {
-    /// An error with this status and detail. A 400 or 422 is a validation failure of the body as a
-    /// whole (`value_error`) until [`at`](Self::at) says where; any other status is a refusal.
-    pub fn new(status: u16, detail: impl Into<String>) -> Self {
-        let problem = match status {
-            400 | 422 => Problem::Invalid {
-                loc: Vec::new(),
-                kind: "value_error",
-            },
-            _ => Problem::Refused {
-                error_type: crate::jev::error_type(status),
-            },
-        };
-        Self {
-            status,
-            detail: detail.into(),
-            problem,
-        }
-    }
-
-    /// The same error as a validation failure of the field at `loc` (below `"body"`), of this kind.
-    pub fn at(self, loc: &[&str], kind: &'static str) -> Self {
-        Self {
-            problem: Problem::Invalid {
-                loc: loc.iter().map(|&part| Value::from(part)).collect(),
-                kind,
-            },
-            ..self
-        }
-    }
-
-    /// The same error as a refusal that is not about one field, with this Jev `error_type`.
-    pub fn refused(self, error_type: &'static str) -> Self {
-        Self {
-            problem: Problem::Refused { error_type },
-            ..self
-        }
-    }
-
-    /// Routing's refusal (an unservable `model`, an unknown `task`), as upstream answers it.
-    pub fn from_route(e: RouteError) -> Self {
-        Self::new(e.status(), e.to_string())
-    }
-
-    /// Upstream's 500 for failures that are not the client's (`inference failed`).
-    pub fn inference_failed() -> Self {
-        Self::new(500, "inference failed")
-    }
-
-    /// The error body, `{"detail":"..."}`, as upstream writes it.
-    pub fn body(&self) -> String {
-        let mut body = Map::new();
-        body.insert("detail".to_owned(), Value::from(self.detail.clone()));
-        crate::python_text::py_json(&Value::Object(body), crate::python_text::Separators::Compact)
-    }
-}
 
 /// A decision request whose shape and sizes passed upstream's checks.
 #[derive(Clone, Debug, PartialEq)]
@@ -172,8 +87,6 @@ pub struct RequestLimits {
     pub max_choice_options: usize,
 }
 
-/// Upstream 0.4.15's default `LAYA_MAX_TOKEN_BUDGET`.
-pub const DEFAULT_MAX_TOKEN_BUDGET: usize = 8192;
 /// Most options of one choice question in 0.4.15 (`MAX_CHOICE_OPTIONS`).
 pub const MAX_CHOICE_OPTIONS: usize = 100;
 /// Most levels of one score question in 0.4.15 (`MAX_SCORE_LEVELS`).
@@ -289,7 +202,7 @@ pub fn parse_body_in(
         );
     };
     let state = body.remove("state").filter(|s| !s.is_null());
-    if upstream.is_0_4() && state.is_none() {
+    if upstream.differences().state_required && state.is_none() {
         return Err(RequestError::new(400, "'state' is required").at(&["state"], "missing"));
     }
     let Value::Object(questions) = questions else {
@@ -304,14 +217,14 @@ pub fn parse_body_in(
             format!("too many questions ({} > {MAX_QUESTIONS})", questions.len()),
         ));
     }
-    if upstream.is_0_4() {
+    if upstream.differences().option_counts_checked {
         check_option_counts(&questions, limits.max_choice_options)?;
     }
     let state_chars = match (&state, upstream) {
-        (Some(Value::String(s)), _) => py_len(s),
+        (Some(Value::String(s)), Upstream::V0_3_20 | Upstream::V0_4_15) => py_len(s),
         (Some(other), Upstream::V0_3_20) => py_len(&py_repr(other)),
         (Some(other), Upstream::V0_4_15) => state_chars_0_4(other),
-        (None, _) => py_len("None"),
+        (None, Upstream::V0_3_20 | Upstream::V0_4_15) => py_len("None"),
     };
     if state_chars > MAX_STATE_CHARS {
         return Err(RequestError::new(

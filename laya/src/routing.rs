@@ -218,19 +218,103 @@ impl std::fmt::Debug for CheckpointName {
 /// source (upstream's `Router.models` beyond `DEFAULT_MODELS`): what `model=` and `task=` may name
 /// besides the built-ins, the `routing.repo` each answers with, and the names an unknown-model
 /// error lists. The empty registry is upstream's plain `Router()`.
+///
+/// It also holds the operator's own aliases (`[checkpoints.aliases]`, a layad addition): names that
+/// resolve like a checkpoint's name wherever one is read from a request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registry {
     /// Registered (or re-pointed) checkpoints with their `routing.repo` string, in registration order.
     entries: Vec<(CheckpointName, String)>,
+    /// The operator's aliases, each a canonical key ([`check_alias`]) and the checkpoint it names.
+    aliases: Vec<(String, CheckpointName)>,
 }
 
 /// The registry of a server with no checkpoints of its own.
-static BUILTIN_ONLY: Registry = Registry { entries: Vec::new() };
+static BUILTIN_ONLY: Registry = Registry {
+    entries: Vec::new(),
+    aliases: Vec::new(),
+};
+
+/// Why an operator's alias cannot be used, for the configuration's error message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AliasError {
+    /// Not a name a request could send as is.
+    #[error("invalid alias {0}: use lowercase letters, digits, '.', '_', '-' or '/', starting with a letter or digit")]
+    Invalid(String),
+    /// The name already means something: a checkpoint, one of upstream's aliases, `auto`, the
+    /// bundle repo or a published Hub id.
+    #[error("alias {alias} is already {meaning}; an alias must be a new name")]
+    Taken {
+        /// The alias, as its Python repr.
+        alias: String,
+        /// What the name means already.
+        meaning: String,
+    },
+}
+
+/// The canonical key of an operator's alias (trimmed and lower-cased, as every name in a request
+/// is read), or why it cannot be one: it must be a name a request can send (upstream's name rule,
+/// plus `/` for ids written `org/model`), and must not already mean something — a built-in
+/// checkpoint or upstream alias, a registered checkpoint in `taken`, `auto`, the bundle repo or a
+/// published Hub id — since the alias would then either shadow it or never be read.
+pub fn check_alias(alias: &str, taken: &[CheckpointName]) -> Result<String, AliasError> {
+    let key = python_key(alias);
+    let mut chars = key.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !first_ok || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-' | '/')) {
+        return Err(AliasError::Invalid(py_repr_str(alias)));
+    }
+    let taken_as = |meaning: String| AliasError::Taken {
+        alias: py_repr_str(alias),
+        meaning,
+    };
+    if let Some(builtin) = CheckpointName::ALL.into_iter().find(|c| c.as_str() == key) {
+        return Err(taken_as(format!("the checkpoint {}", py_repr_str(builtin.as_str()))));
+    }
+    if let Some((_, target)) = ALIASES.iter().find(|(a, _)| *a == key) {
+        return Err(taken_as(format!(
+            "upstream's alias of {}",
+            py_repr_str(target.as_str())
+        )));
+    }
+    if let Some(registered) = taken.iter().find(|c| c.as_str() == key) {
+        return Err(taken_as(format!(
+            "the checkpoint {} of [checkpoints.extra]",
+            py_repr_str(registered.as_str())
+        )));
+    }
+    if key == "auto" || key == BUNDLE_REPO {
+        return Err(taken_as("a request for automatic routing".to_owned()));
+    }
+    if let Some((_, target)) = PUBLISHED_MODEL_IDS.iter().find(|(id, _)| *id == key) {
+        return Err(taken_as(format!(
+            "the published Hub id of {}",
+            py_repr_str(target.as_str())
+        )));
+    }
+    Ok(key)
+}
 
 impl Registry {
     /// Registrations: each name with its `routing.repo` string (upstream's `_repo_str(source)`).
     pub fn new(entries: Vec<(CheckpointName, String)>) -> Self {
-        Self { entries }
+        Self {
+            entries,
+            aliases: Vec::new(),
+        }
+    }
+
+    /// This registry with the operator's aliases, each a key from [`check_alias`] and its checkpoint.
+    pub fn with_aliases(mut self, aliases: Vec<(String, CheckpointName)>) -> Self {
+        self.aliases = aliases;
+        self
+    }
+
+    /// The operator's aliases, in configuration order.
+    pub fn aliases(&self) -> &[(String, CheckpointName)] {
+        &self.aliases
     }
 
     /// No registrations: the three built-ins as shipped.
@@ -241,10 +325,13 @@ impl Registry {
     /// `Router.resolve` on a key already stripped and lower-cased: a built-in or alias, else a
     /// registered name.
     fn resolve_key(&self, key: &str) -> Option<CheckpointName> {
-        CheckpointName::from_key(key).or_else(|| self.entries.iter().map(|(n, _)| *n).find(|n| n.as_str() == key))
+        CheckpointName::from_key(key)
+            .or_else(|| self.entries.iter().map(|(n, _)| *n).find(|n| n.as_str() == key))
+            .or_else(|| self.aliases.iter().find(|(a, _)| a == key).map(|&(_, c)| c))
     }
 
-    /// `Router.resolve(name)`: a built-in name or alias, or a registered name, after `strip().lower()`.
+    /// `Router.resolve(name)`: a built-in name or alias, or a registered name, after `strip().lower()`;
+    /// then the operator's aliases.
     pub fn resolve(&self, name: &str) -> Option<CheckpointName> {
         self.resolve_key(&python_key(name))
     }
@@ -261,6 +348,12 @@ impl Registry {
     pub fn retaining(&self, keep: &[CheckpointName]) -> Self {
         Self {
             entries: self.entries.iter().filter(|(n, _)| keep.contains(n)).cloned().collect(),
+            aliases: self
+                .aliases
+                .iter()
+                .filter(|(_, c)| c.is_builtin() || keep.contains(c))
+                .cloned()
+                .collect(),
         }
     }
 
@@ -336,6 +429,8 @@ fn unknown_model(name_repr: &str, registry: &Registry) -> String {
         format!("[{}]", items.join(", "))
     };
     let mut aliases: Vec<&str> = ALIASES.iter().map(|(alias, _)| *alias).collect();
+    // The operator's own are listed with upstream's (without any, the text is upstream's).
+    aliases.extend(registry.aliases.iter().map(|(alias, _)| alias.as_str()));
     aliases.sort_unstable();
     format!(
         "unknown model {name_repr}; choose one of {} (or an alias: {})",
@@ -382,7 +477,7 @@ pub fn resolve_model_field_in(
         .find(|(id, _)| *id == key)
         .map(|&(_, c)| c)
         .or_else(|| registry.resolve_key(&key));
-    if known.is_some() || !upstream.is_0_4() || key == BUNDLE_REPO {
+    if known.is_some() || !upstream.differences().unpublished_models_refused || key == BUNDLE_REPO {
         return Ok(known);
     }
     if names_unpublished_source(py_strip(&text)) {
@@ -529,7 +624,9 @@ pub fn route(
         let reason = format!("explicit model={}", py_repr_str(checkpoint.as_str()));
         return Ok(decided(checkpoint, reason, None));
     }
-    let task = request.task.filter(|t| upstream.is_0_4() && !t.is_null());
+    let task = request
+        .task
+        .filter(|t| upstream.differences().task_field && !t.is_null());
     if let Some(task) = task {
         let checkpoint = resolve_task(task, registry)?;
         return Ok(decided(checkpoint, format!("explicit task={}", py_repr(task)), None));
@@ -539,7 +636,7 @@ pub fn route(
         let reason = format!("question ids match the {} typed-decisions workflow", py_repr_str(name));
         return Ok(decided(CheckpointName::TypedDecisions, reason, workflow));
     }
-    if upstream.is_0_4() {
+    if upstream.differences().language_hints {
         // A code that names no language falls through, as an abstaining hint does.
         if let Some(lang) = request.lang
             && let Some(english) = english_from_code(lang)
@@ -1067,5 +1164,63 @@ mod tests {
             path.contains("'mine-2.ft'") && path.ends_with(", or omit model to let the router choose"),
             "{path}"
         );
+    }
+
+    #[test]
+    fn operator_aliases_resolve_like_names_and_must_be_new_names() {
+        let mine = CheckpointName::register("mine-aliased").expect("valid");
+        assert_eq!(check_alias(" Laya-421M ", &[mine]), Ok("laya-421m".to_owned()));
+        assert_eq!(check_alias("me/laya", &[]), Ok("me/laya".to_owned()));
+        for (taken, meaning) in [
+            ("english", "the checkpoint 'english'"),
+            ("EN", "upstream's alias of 'english'"),
+            ("mine-aliased", "the checkpoint 'mine-aliased' of [checkpoints.extra]"),
+            ("auto", "a request for automatic routing"),
+            ("convaiinnovations/laya", "a request for automatic routing"),
+            (
+                "convaiinnovations/laya-multilingual",
+                "the published Hub id of 'multilingual'",
+            ),
+        ] {
+            let err = check_alias(taken, &[mine]).expect_err(taken);
+            assert!(
+                matches!(&err, AliasError::Taken { meaning: m, .. } if m == meaning),
+                "{err}"
+            );
+            assert!(err.to_string().ends_with("an alias must be a new name"), "{err}");
+        }
+        for invalid in ["", "-x", "./mine", "caf\u{e9}", "a b"] {
+            assert!(
+                matches!(check_alias(invalid, &[]), Err(AliasError::Invalid(_))),
+                "{invalid:?}"
+            );
+        }
+
+        let registry = Registry::new(vec![(mine, "/srv/mine".to_owned())]).with_aliases(vec![
+            ("laya-421m".to_owned(), CheckpointName::English),
+            ("me/laya".to_owned(), mine),
+        ]);
+        let v4 = Upstream::V0_4_15;
+        assert_eq!(
+            resolve_model_field_in(Some(&json!(" LAYA-421m")), v4, &registry),
+            Ok(Some(CheckpointName::English))
+        );
+        // Path-like under 0.4.15, but a configured alias: it resolves before the refusal.
+        assert_eq!(
+            resolve_model_field_in(Some(&json!("me/laya")), v4, &registry),
+            Ok(Some(mine))
+        );
+        // Without the alias, upstream's reading: a plain unknown name routes automatically.
+        assert_eq!(resolve_model_field(Some(&json!("laya-421m")), v4), Ok(None));
+        // The refusal lists the operator's aliases beside upstream's.
+        let refused = unknown_model_name_in("nope", &registry);
+        assert!(
+            refused.contains("'laya-421m'") && refused.contains("'me/laya'"),
+            "{refused}"
+        );
+        assert!(!unknown_model_name("nope").contains("laya-421m"));
+        // A reload that drops the extra checkpoint drops the aliases naming it.
+        let narrowed = registry.retaining(&[]);
+        assert_eq!(narrowed.aliases(), [("laya-421m".to_owned(), CheckpointName::English)]);
     }
 }

@@ -13,8 +13,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::checkpoint::CheckpointError;
 use crate::config::read_json;
+use crate::error::CheckpointError;
 
 /// Ids and text of the special tokens a prompt row uses.
 #[derive(Clone, Debug, PartialEq, Eq)]

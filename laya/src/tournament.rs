@@ -6,9 +6,10 @@
 
 use serde_json::{Map, Value};
 
-use crate::answer::jev_confidence;
+use crate::error::RequestError;
+use crate::jev::jev_confidence;
 use crate::python_text::{float_value, py_repr, py_repr_str, round4};
-use crate::request::{MAX_CHOICE_OPTIONS, RequestError};
+use crate::request::MAX_CHOICE_OPTIONS;
 
 /// Most options of one choice question when tournament mode is on (`MAX_TOURNAMENT_CHOICE_OPTIONS`).
 pub const MAX_TOURNAMENT_CHOICE_OPTIONS: usize = 255;

@@ -102,6 +102,14 @@ fn a_standalone_repo_is_used_when_the_bundle_lacks_the_subfolder() {
     Checkpoint::open(location).expect("opens");
 }
 
+/// A safetensors file: `header`'s length, `header`, then `data_len` zero bytes.
+fn safetensors_file(header: &str, data_len: usize) -> Vec<u8> {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + data_len, 0);
+    bytes
+}
+
 fn open_error(mutate: impl FnOnce(&Path)) -> String {
     let cache = copy_cache();
     let dir = snapshot(cache.path());
@@ -157,6 +165,29 @@ fn missing_or_malformed_files_are_named() {
         err.contains("model.safetensors: missing 'encoder.' parameters"),
         "{err}"
     );
+    let err = open_error(|d| std::fs::write(d.join("model.safetensors"), b"\x04\0\0\0\0\0\0\0{no}").expect("write"));
+    assert!(err.contains("model.safetensors: header is not valid JSON"), "{err}");
+    // Valid JSON that the safetensors crate refuses: an unknown dtype, and a byte length that is
+    // not the shape times the dtype's size.
+    for header in [
+        r#"{"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}}"#,
+        r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
+    ] {
+        let err =
+            open_error(|d| std::fs::write(d.join("model.safetensors"), safetensors_file(header, 4)).expect("write"));
+        assert!(
+            err.contains("model.safetensors: header does not describe safetensors tensors"),
+            "{header}: {err}"
+        );
+    }
+    // A download cut short: the header promises more data than the file holds.
+    let err = open_error(|d| {
+        let path = d.join("model.safetensors");
+        let bytes = std::fs::read(&path).expect("read");
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).expect("write");
+    });
+    assert!(err.contains("model.safetensors: the header's tensors need"), "{err}");
+    assert!(err.ends_with("(truncated)"), "{err}");
     let err = open_error(|d| {
         std::fs::write(d.join("tokenizer/tokenizer_config.json"), "{\"cls_token\": \"[CLS]\"}").expect("write")
     });

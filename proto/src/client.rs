@@ -13,10 +13,9 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::PROTOCOL_VERSION;
 use crate::engine::{EngineOutput, EngineRow};
-use crate::pb;
 use crate::pb::worker_client::WorkerClient as GeneratedClient;
+use crate::pb::{self, PROTOCOL_VERSION, REQUEST_ID_METADATA};
 
 /// Handle on one worker. Cloning is cheap (one shared HTTP/2 connection) and clones may be used
 /// concurrently; the worker runs the forwards one batch at a time in arrival order.
@@ -114,13 +113,11 @@ impl ClientError {
 impl From<Status> for ClientError {
     fn from(status: Status) -> Self {
         let message = status.message().to_owned();
-        // A connection that breaks mid-call (the worker died) surfaces as UNKNOWN or CANCELLED
-        // carrying the transport error as its source.
-        let lost = match status.code() {
-            Code::Unknown | Code::Cancelled => transport_failure(&status),
-            _ => None,
-        };
-        if let Some(cause) = lost {
+        // A call the connection broke under never produced an answer, whatever code tonic gave it:
+        // UNKNOWN or CANCELLED when the worker died, INTERNAL ("h2 protocol error: http2 error")
+        // when a stopping worker's server reset the stream or went away with the request unread,
+        // UNAVAILABLE when it refused the stream. It is a lost job, to be run elsewhere.
+        if let Some(cause) = transport_failure(&status) {
             return ClientError::Unavailable(format!("connection to the worker lost: {}", error_chain(cause)));
         }
         match status.code() {
@@ -131,16 +128,18 @@ impl From<Status> for ClientError {
     }
 }
 
-/// The transport error behind `status`, if the call failed because the connection broke.
+/// The transport error behind `status`, if the call failed because the connection broke rather
+/// than because the worker answered with an error. tonic keeps the error a status was made from as
+/// its source; a status the worker sent is read from the response's trailers and has none, so an
+/// engine's INTERNAL stays a worker failure.
 fn transport_failure(status: &Status) -> Option<&(dyn std::error::Error + 'static)> {
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        if error.is::<tonic::transport::Error>() || error.is::<std::io::Error>() {
-            return Some(error);
-        }
-        source = error.source();
+    if !matches!(
+        status.code(),
+        Code::Unknown | Code::Cancelled | Code::Internal | Code::Unavailable
+    ) {
+        return None;
     }
-    None
+    std::error::Error::source(status)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -270,10 +269,27 @@ impl WorkerClient {
 
     /// Runs `rows` on `checkpoint` in one batch.
     pub async fn forward(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<ForwardResult, ClientError> {
-        let request = pb::ForwardRequest {
+        self.forward_for(checkpoint, rows, &[]).await
+    }
+
+    /// Runs `rows` on `checkpoint` in one batch for the jobs `request_ids` (in batch order), sent
+    /// as [`REQUEST_ID_METADATA`] for the worker's log lines. An id that is not a valid metadata
+    /// value (the supervisor's are visible ASCII) is left out rather than failing the forward.
+    pub async fn forward_for(
+        &self,
+        checkpoint: &str,
+        rows: &[EngineRow],
+        request_ids: &[&str],
+    ) -> Result<ForwardResult, ClientError> {
+        let mut request = tonic::Request::new(pb::ForwardRequest {
             checkpoint: checkpoint.to_owned(),
             rows: rows.iter().map(pb::Row::from).collect(),
-        };
+        });
+        for id in request_ids {
+            if let Ok(value) = id.parse() {
+                request.metadata_mut().append(REQUEST_ID_METADATA, value);
+            }
+        }
         let reply = self.inner.clone().forward(request).await?.into_inner();
         if reply.rows.len() != rows.len() {
             return Err(ClientError::Protocol(format!(
@@ -300,5 +316,54 @@ impl WorkerClient {
     /// Stops the worker taking new forwards; returns once those in flight are answered.
     pub async fn drain(&self) -> Result<pb::DrainReply, ClientError> {
         Ok(self.inner.clone().drain(pb::DrainRequest {}).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_a_stopping_worker_reset_or_went_away_under_is_a_lost_job() {
+        // What a worker's server does to a call it has not read when it shuts down (GOAWAY or
+        // RST_STREAM with NO_ERROR): tonic reports INTERNAL "h2 protocol error", the reload storm's
+        // one 500 of issue 39.
+        let reset = Status::from_error(Box::new(h2::Error::from(h2::Reason::NO_ERROR)));
+        assert_eq!(reset.code(), Code::Internal);
+        assert!(reset.message().starts_with("h2 protocol error"), "{}", reset.message());
+        let error = ClientError::from(reset);
+        assert!(error.is_retryable(), "{error}");
+        // A refused stream and a broken pipe, likewise.
+        for lost in [
+            Status::from_error(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM))),
+            Status::from_error(Box::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))),
+        ] {
+            let error = ClientError::from(lost);
+            assert!(error.is_retryable(), "{error}");
+        }
+    }
+
+    #[test]
+    fn statuses_the_worker_sent_keep_their_meaning() {
+        // Read from the trailers, they carry no transport error: an engine failure is a failure,
+        // a malformed request is refused, a draining worker is retryable.
+        let failed = ClientError::from(Status::internal("forward failed: out of memory"));
+        assert!(
+            matches!(
+                failed,
+                ClientError::Worker {
+                    code: Code::Internal,
+                    ..
+                }
+            ),
+            "{failed}"
+        );
+        assert!(!failed.is_retryable());
+        assert!(!ClientError::from(Status::unknown("engine said so")).is_retryable());
+        assert!(matches!(
+            ClientError::from(Status::invalid_argument("row too long")),
+            ClientError::InvalidArgument(_)
+        ));
+        assert!(ClientError::from(Status::unavailable("worker is draining")).is_retryable());
     }
 }

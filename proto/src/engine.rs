@@ -1,8 +1,20 @@
-//! The one trait every worker's model engine implements: describe what runs, and run a batch of
-//! prompt rows to per-option logits and act probabilities. The serving harness drives it.
+//! The one trait every worker's model engine implements, and the values it reports. The trait is
+//! behaviour only: [`Engine::describe`] says what runs and [`Engine::forward`] runs a batch of prompt
+//! rows to per-option logits and act probabilities. The serving harness drives the rest of an
+//! engine's life: it loads it (the closure a worker binary hands to `harness::run`), warms it up with
+//! forwards on the shapes planned from `describe`, then serves.
+//!
+//! Every static fact lives in one [`EngineInfo`] value. Its admission fields (device, precision,
+//! checkpoints, limits) and the parity gate are typed fields of `worker.proto`, because the
+//! supervisor decides by them or shows them in a fixed place; everything else an engine tells
+//! operators goes in [`EngineFacts`], which crosses the socket as one JSON value and lands in
+//! `/health`'s worker record as it is. A new fact is a field of [`EngineFacts`] and the code of the
+//! engine that fills it: nothing between the engine and the JSON names it.
 //!
 //! Engines are synchronous and own their device; the harness calls them from one dedicated thread,
 //! one batch at a time, so an engine needs no locking of its own.
+
+use serde::{Deserialize, Serialize};
 
 /// One prompt row as the supervisor built it (see `layad-laya`'s `prompt::Row`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,8 +55,9 @@ pub struct LoadedCheckpoint {
     pub warmup_len: u32,
 }
 
-/// What an engine really runs on, as opposed to what it was asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What an engine really runs on, as opposed to what it was asked for: every static fact about it,
+/// fixed once it has loaded.
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineInfo {
     /// Device actually in use: `cpu`, `metal`, `cuda:0`, `ane`.
     pub device: String,
@@ -58,6 +71,31 @@ pub struct EngineInfo {
     pub max_batch_tokens: u32,
     /// Fixed row lengths the engine pads to (empty: any length up to `max_len`).
     pub length_buckets: Vec<u32>,
+    /// The parity gate the engine passed at load, per checkpoint; empty for engines that run the
+    /// reference model itself.
+    pub parity: Vec<ParityReport>,
+    /// What the engine tells operators and nothing decides by; shown in `/health` as it is.
+    pub facts: EngineFacts,
+}
+
+/// An engine's facts for operators: the supervisor keeps them as they arrive and writes each field,
+/// under its own name, into the worker's record in `/health` (flattened beside `device` and
+/// `dtype`). Sent over the socket as one JSON object (`WorkerInfo.engine_facts`), so adding a field
+/// here changes neither `worker.proto` nor the supervisor. A field must be `null`, empty or zero
+/// when the engine has nothing to say (`Default`), and keeps its name once published: scripts read
+/// `/health`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineFacts {
+    /// On the CPU, the SIMD kernel family the matrix products run on (`amx`, `avx512`, `avx2`,
+    /// `gemm`); `None` on other devices and for engines that do not choose one.
+    pub cpu_kernels: Option<String>,
+    /// On a GPU, the device as its driver describes it; `None` on the CPU and for engines that do
+    /// not report it.
+    pub gpu: Option<GpuInfo>,
+    /// Why the engine runs on another device than the one requested, in its own words; `None` when
+    /// it did not fall back.
+    pub device_fallback: Option<String>,
 }
 
 /// How an engine that runs a converted graph agreed with upstream's reference outputs on one
@@ -104,14 +142,16 @@ impl PlacementReport {
     }
 }
 
-/// A GPU as its driver describes it (Describe's `gpu`, shown in the supervisor's `/health`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A GPU as its driver describes it ([`EngineFacts::gpu`], shown in the supervisor's `/health`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     /// The driver's name for it, e.g. `NVIDIA H200`.
     pub name: String,
     /// Total device memory, in bytes.
     pub total_memory_bytes: u64,
-    /// CUDA compute capability `(major, minor)`; `None` for GPUs that have none.
+    /// CUDA compute capability `(major, minor)`; `None` for GPUs that have none. In JSON the string
+    /// `major.minor` (`9.0`), empty for none, as `/health` has always shown it.
+    #[serde(with = "compute_capability")]
     pub compute_capability: Option<(u32, u32)>,
     /// Whether float32 matrix products may accumulate in reduced precision (TF32).
     pub tf32: bool,
@@ -128,35 +168,97 @@ pub enum EngineError {
     Internal(String),
 }
 
-/// A model engine behind the worker protocol.
+/// A model engine behind the worker protocol: behaviour only; what it is comes back from
+/// [`Engine::describe`] as one value.
 pub trait Engine: Send + 'static {
-    /// What is loaded and where it runs.
-    fn info(&self) -> EngineInfo;
+    /// Every static fact: what is loaded, where it runs, its limits, its parity gate and its facts
+    /// for operators. The harness reads it once after load (to plan the warm-up) and once after
+    /// warm-up (what Describe reports), so facts an engine learns while warming count.
+    fn describe(&self) -> EngineInfo;
 
     /// Runs `rows` on `checkpoint` in one batch and returns one output per row, in order.
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError>;
+}
 
-    /// The parity gate the engine passed at load, per checkpoint; empty for engines that run the
-    /// reference model itself. Read once, after warm-up.
-    fn parity(&self) -> Vec<ParityReport> {
-        Vec::new()
+/// [`GpuInfo::compute_capability`] as the string `major.minor` (empty: none).
+mod compute_capability {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Option<(u32, u32)>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some((major, minor)) => serializer.collect_str(&format_args!("{major}.{minor}")),
+            None => serializer.serialize_str(""),
+        }
     }
 
-    /// On the CPU, the SIMD kernel family the matrix products run on (`amx`, `avx512`, `avx2`, `gemm`);
-    /// `None` on other devices and for engines that do not choose one.
-    fn cpu_kernels(&self) -> Option<String> {
-        None
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<(u32, u32)>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let parsed = text
+            .split_once('.')
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
+        parsed
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("compute capability '{text}' is not major.minor")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h200() -> GpuInfo {
+        GpuInfo {
+            name: "NVIDIA H200".into(),
+            total_memory_bytes: 150_754_820_096,
+            compute_capability: Some((9, 0)),
+            tf32: false,
+        }
     }
 
-    /// On a GPU, the device as its driver describes it; `None` on the CPU and for engines that do
-    /// not report it. Read once, after warm-up.
-    fn gpu(&self) -> Option<GpuInfo> {
-        None
+    #[test]
+    fn facts_are_json_with_a_compute_capability_as_major_dot_minor_and_read_back_the_same() {
+        let facts = EngineFacts {
+            cpu_kernels: None,
+            gpu: Some(h200()),
+            device_fallback: Some("metal unavailable; running on cpu".into()),
+        };
+        let json = serde_json::to_value(&facts).expect("serializes");
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "cpu_kernels": null,
+                "gpu": {"name": "NVIDIA H200", "total_memory_bytes": 150_754_820_096_u64,
+                        "compute_capability": "9.0", "tf32": false},
+                "device_fallback": "metal unavailable; running on cpu",
+            })
+        );
+        assert_eq!(serde_json::from_value::<EngineFacts>(json).expect("reads"), facts);
+
+        let metal = GpuInfo {
+            compute_capability: None,
+            ..h200()
+        };
+        let json = serde_json::to_value(&metal).expect("serializes");
+        assert_eq!(json["compute_capability"], "");
+        assert_eq!(serde_json::from_value::<GpuInfo>(json).expect("reads"), metal);
     }
 
-    /// Why the engine runs on another device than the one requested, in its own words; `None`
-    /// when it did not fall back. Read once, after warm-up.
-    fn device_fallback(&self) -> Option<String> {
-        None
+    #[test]
+    fn missing_facts_read_as_none_and_a_malformed_capability_is_refused() {
+        let facts: EngineFacts = serde_json::from_str(r#"{"cpu_kernels": "avx2"}"#).expect("reads");
+        assert_eq!(
+            facts,
+            EngineFacts {
+                cpu_kernels: Some("avx2".into()),
+                ..EngineFacts::default()
+            }
+        );
+        let wrong = r#"{"name": "x", "total_memory_bytes": 1, "compute_capability": "nine", "tf32": false}"#;
+        let error = serde_json::from_str::<GpuInfo>(wrong).expect_err("refused");
+        assert!(error.to_string().contains("'nine' is not major.minor"), "{error}");
     }
 }

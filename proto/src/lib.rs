@@ -5,7 +5,9 @@
 //!
 //! - [`pb`]: code generated from `worker.proto` (package `layad.worker.v1`) and its conversions to
 //!   the engine types.
-//! - [`engine`]: the synchronous [`Engine`] trait a worker's model implements.
+//! - [`engine`]: the synchronous [`Engine`] trait a worker's model implements, and [`EngineInfo`],
+//!   every static fact it reports, with [`EngineFacts`], the part that flows into `/health` as it is.
+//! - [`error`]: [`HarnessError`] and [`LoadError`], the errors of a worker's start-up and life.
 //! - [`harness`]: runs an engine behind the protocol: load, warm up, bind the private Unix socket,
 //!   serve one batch at a time, drain on SIGTERM, exit when the supervisor dies.
 //! - [`client`]: [`WorkerClient`], the supervisor's cheap-to-clone handle on one worker socket.
@@ -17,6 +19,7 @@
 pub mod args;
 pub mod client;
 pub mod engine;
+pub mod error;
 pub mod harness;
 pub mod logging;
 pub mod pb;
@@ -26,15 +29,14 @@ mod warmup;
 pub use args::WorkerArgs;
 pub use client::{ClientError, ForwardResult, SpawnedWorker, WorkerClient};
 pub use engine::{
-    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport, PlacementReport,
+    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport,
+    PlacementReport,
 };
-pub use harness::{HarnessError, HarnessOptions, ServeOutcome, StopReason};
+pub use error::{EngineFactsError, HarnessError, LoadError};
+pub use harness::{HarnessOptions, ServeOutcome, StopReason};
+pub use pb::{PROTOCOL_VERSION, REQUEST_ID_METADATA};
 pub use rows::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for};
 pub use warmup::WarmupPolicy;
-
-/// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer
-/// built from the previous revision would misread; the client refuses a worker whose revision differs.
-pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Exit status of a worker whose device or runtime does not exist on this machine (for example
 /// `layad-worker-ane` without Core ML): not a crash, so the supervisor reports the pool unavailable

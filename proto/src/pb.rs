@@ -1,11 +1,24 @@
 //! Rust types and tonic client/server code generated from `worker.proto` by `build.rs`, plus the
-//! conversions between wire messages and the engine types.
+//! conversions between wire messages and the engine types, and the one encoding and decoding of an
+//! engine's facts (`WorkerInfo.engine_facts`, JSON).
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
-use crate::engine::{EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport, PlacementReport};
+use crate::engine::{EngineFacts, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport};
+use crate::error::EngineFactsError;
 
 tonic::include_proto!("layad.worker.v1");
+
+/// Revision of the worker protocol within package `layad.worker.v1`. Bump it on any change a peer
+/// built from the previous revision would misread; the client refuses a worker whose revision differs.
+/// Revision 2: the engine's facts for operators travel as one JSON value (`engine_facts`) instead of
+/// the fields `cpu_kernels`, `gpu` and `device_fallback`.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The gRPC metadata key of a forward's request ids, one entry per job of the batch in batch
+/// order: the supervisor's `Job.request_id`, which the worker puts on every log line of the
+/// forward (its `forward` span's `request_id`), so that both sides' lines of a request can be tied.
+pub const REQUEST_ID_METADATA: &str = "x-request-id";
 
 impl From<Row> for EngineRow {
     fn from(row: Row) -> Self {
@@ -94,17 +107,20 @@ impl ParityGate {
     }
 }
 
-impl From<&GpuInfo> for GpuDevice {
-    fn from(gpu: &GpuInfo) -> Self {
-        GpuDevice {
-            name: gpu.name.clone(),
-            total_memory_bytes: gpu.total_memory_bytes,
-            compute_capability: gpu
-                .compute_capability
-                .map(|(major, minor)| format!("{major}.{minor}"))
-                .unwrap_or_default(),
-            tf32: gpu.tf32,
+/// `WorkerInfo.engine_facts` of `facts`: a JSON object, one key per field.
+pub fn encode_engine_facts(facts: &EngineFacts) -> Result<String, serde_json::Error> {
+    serde_json::to_string(facts)
+}
+
+impl WorkerInfo {
+    /// The engine's facts, decoded from `engine_facts` (empty: a worker with none to report). A
+    /// value that does not decode breaks the protocol: both ends are built from the same
+    /// `EngineFacts`.
+    pub fn decode_engine_facts(&self) -> Result<EngineFacts, EngineFactsError> {
+        if self.engine_facts.is_empty() {
+            return Ok(EngineFacts::default());
         }
+        Ok(serde_json::from_str(&self.engine_facts)?)
     }
 }
 
@@ -125,26 +141,29 @@ impl WorkerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::GpuInfo;
 
     #[test]
-    fn a_gpu_is_described_with_its_compute_capability_as_major_dot_minor() {
-        let mut gpu = GpuInfo {
-            name: "NVIDIA H200".into(),
-            total_memory_bytes: 150_754_820_096,
-            compute_capability: Some((9, 0)),
-            tf32: false,
+    fn engine_facts_cross_the_wire_unchanged_and_garbage_is_a_protocol_error() {
+        let facts = EngineFacts {
+            cpu_kernels: Some("avx512".into()),
+            gpu: Some(GpuInfo {
+                name: "NVIDIA H100".into(),
+                total_memory_bytes: 85_000_000_000,
+                compute_capability: Some((9, 0)),
+                tf32: false,
+            }),
+            ..EngineFacts::default()
         };
-        let wire = GpuDevice::from(&gpu);
-        assert_eq!(
-            (
-                wire.name.as_str(),
-                wire.total_memory_bytes,
-                wire.compute_capability.as_str(),
-                wire.tf32
-            ),
-            ("NVIDIA H200", 150_754_820_096, "9.0", false)
-        );
-        gpu.compute_capability = None;
-        assert_eq!(GpuDevice::from(&gpu).compute_capability, "");
+        let mut info = WorkerInfo {
+            engine_facts: encode_engine_facts(&facts).expect("encodes"),
+            ..WorkerInfo::default()
+        };
+        assert_eq!(info.decode_engine_facts().expect("decodes"), facts);
+        info.engine_facts = String::new();
+        assert_eq!(info.decode_engine_facts().expect("none"), EngineFacts::default());
+        info.engine_facts = "[1, 2]".into();
+        let error = info.decode_engine_facts().expect_err("refused");
+        assert!(error.to_string().starts_with("engine_facts is not"), "{error}");
     }
 }

@@ -7,12 +7,9 @@
 
 use crate::engine::{EngineInfo, EngineOutput, EngineRow};
 
-/// Most rows in one forward, unless configured (`pool.max_rows`, `--max-rows`).
-pub const DEFAULT_MAX_ROWS: u32 = 64;
-
-/// Most tokens (sum of row lengths) in one forward, unless configured (`pool.max_batch_tokens`,
-/// `--max-batch-tokens`): 64 rows of 512 tokens.
-pub const DEFAULT_MAX_BATCH_TOKENS: u32 = 32_768;
+/// The defaults of the limits of one forward: `laya::limits` holds them, where the configuration
+/// (which does not depend on this crate) takes them too.
+pub use laya::limits::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS};
 
 /// The length a row of `len` tokens is padded to: the smallest of `buckets` (ascending) that holds
 /// it; `None` when none does.
@@ -256,7 +253,7 @@ pub fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::LoadedCheckpoint;
+    use crate::engine::{EngineFacts, LoadedCheckpoint};
 
     fn info(length_buckets: Vec<u32>) -> EngineInfo {
         let checkpoint = |name: &str, vocab_size, max_len| LoadedCheckpoint {
@@ -274,6 +271,8 @@ mod tests {
             max_rows: 4,
             max_batch_tokens: 200,
             length_buckets,
+            parity: Vec::new(),
+            facts: EngineFacts::default(),
         }
     }
 

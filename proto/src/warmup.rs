@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use crate::engine::{Engine, EngineInfo, EngineRow};
-use crate::harness::HarnessError;
+use crate::error::HarnessError;
 use crate::pb;
 use crate::rows::{check_outputs, usable_buckets};
 
@@ -172,7 +172,7 @@ pub(crate) fn run<E: Engine>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::LoadedCheckpoint;
+    use crate::engine::{EngineFacts, LoadedCheckpoint};
 
     fn info(max_rows: u32, max_batch_tokens: u32, length_buckets: Vec<u32>) -> EngineInfo {
         let checkpoint = |name: &str, max_len| LoadedCheckpoint {
@@ -190,6 +190,8 @@ mod tests {
             max_rows,
             max_batch_tokens,
             length_buckets,
+            parity: Vec::new(),
+            facts: EngineFacts::default(),
         }
     }
 
@@ -297,7 +299,7 @@ mod tests {
     }
 
     impl Engine for Counting {
-        fn info(&self) -> EngineInfo {
+        fn describe(&self) -> EngineInfo {
             info(64, 8192, vec![])
         }
 
@@ -342,7 +344,7 @@ mod tests {
     fn a_wrong_answer_fails_the_warm_up_and_names_the_shape() {
         struct Short;
         impl Engine for Short {
-            fn info(&self) -> EngineInfo {
+            fn describe(&self) -> EngineInfo {
                 info(64, 8192, vec![])
             }
             fn forward(

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use layad_proto::harness::{LoadError, serve};
 use layad_proto::pb::{self, WorkerState};
 use layad_proto::{
-    ClientError, Engine, EngineError, EngineInfo, EngineOutput, EngineRow, HarnessError, HarnessOptions,
+    ClientError, Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, HarnessError, HarnessOptions,
     LoadedCheckpoint, ServeOutcome, SpawnedWorker, StopReason, WarmupPolicy, WorkerClient,
 };
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ const PANIC_ID: u32 = 49;
 const SLOW_ID: u32 = 48;
 
 impl Engine for ToyEngine {
-    fn info(&self) -> EngineInfo {
+    fn describe(&self) -> EngineInfo {
         let checkpoint = |name: &str| LoadedCheckpoint {
             name: name.into(),
             revision: Some("0123abcd".into()),
@@ -48,6 +48,11 @@ impl Engine for ToyEngine {
             max_rows: 4,
             max_batch_tokens: 64,
             length_buckets: vec![],
+            parity: Vec::new(),
+            facts: EngineFacts {
+                cpu_kernels: Some("toy-simd".into()),
+                ..EngineFacts::default()
+            },
         }
     }
 
@@ -182,6 +187,14 @@ async fn binds_only_once_warm_and_describes_what_runs() {
     assert_eq!(names, CHECKPOINTS);
     assert_eq!(info.checkpoints[1].revision.as_deref(), Some("0123abcd"));
     assert_eq!(info.checkpoints[1].weights_sha256, "sha-of-slow");
+    // The engine's facts arrive as the engine described them.
+    assert_eq!(
+        info.decode_engine_facts().expect("engine facts"),
+        EngineFacts {
+            cpu_kernels: Some("toy-simd".into()),
+            ..EngineFacts::default()
+        }
+    );
     let capabilities = info.capabilities.expect("capabilities");
     assert_eq!(
         (
@@ -615,7 +628,7 @@ async fn a_worker_of_another_protocol_revision_is_refused() {
     for (revision, expected) in [
         (
             Some(layad_proto::PROTOCOL_VERSION + 1),
-            "speaks layad.worker.v1 revision 2; this supervisor speaks layad.worker.v1 revision 1",
+            "speaks layad.worker.v1 revision 3; this supervisor speaks layad.worker.v1 revision 2",
         ),
         (None, "does not implement layad.worker.v1.Worker"),
     ] {

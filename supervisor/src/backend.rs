@@ -136,6 +136,15 @@ pub enum BackendError {
     /// No ready worker serves the checkpoint right now (503).
     #[error("no ready worker serves checkpoint '{}'", .0.as_str())]
     CheckpointUnavailable(CheckpointName),
+    /// Every pool serving the checkpoint is unavailable for good (its device is missing, its
+    /// worker refused its configuration): 501 naming each pool's reason, no `Retry-After`.
+    #[error("checkpoint '{}' cannot be served: {}", checkpoint.as_str(), reasons.join("; "))]
+    CheckpointRefused {
+        /// The checkpoint.
+        checkpoint: CheckpointName,
+        /// `'<pool>': <reason>` for each pool serving it.
+        reasons: Vec<String>,
+    },
     /// No pool of the running configuration can run the job's shape in one forward pass, so it
     /// never will (413 naming the limits, no `Retry-After`).
     #[error("{0}")]

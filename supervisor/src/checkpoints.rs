@@ -89,7 +89,8 @@ pub struct Checkpoints {
     registry: Registry,
 }
 
-/// The registry of `config`'s extra and re-pointed checkpoints (their `routing.repo` strings).
+/// The registry of `config`'s extra and re-pointed checkpoints (their `routing.repo` strings) and
+/// of its `[checkpoints.aliases]`.
 pub fn registry(config: &Config) -> Registry {
     Registry::new(
         config
@@ -101,6 +102,7 @@ pub fn registry(config: &Config) -> Registry {
             })
             .collect(),
     )
+    .with_aliases(config.checkpoints.alias_table())
 }
 
 /// `_repo_str` of the source as upstream's `Router._add` stored it (a leading `~` expanded).

@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use laya::batch::{BatchRequest, parse_batch_body_in, render_batch};
+use laya::checkpoint::Checkpoint;
 use laya::decision::{
-    DecisionOptions, PreparedDecision, prepare_in, prepare_routed, project, respond, respond_unprojected, route_request,
+    DecisionOptions, PreparedDecision, RowOutput, prepare_in, prepare_routed, project, respond, respond_unprojected,
+    route_request,
 };
+use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
 use laya::request::{DecisionRequest, RequestError, parse_body_in};
 use laya::routing::CheckpointName;
@@ -191,7 +194,7 @@ impl Decisions {
                 });
             }
         }
-        if outcome.result.is_ok() && options.upstream.is_0_4() {
+        if outcome.result.is_ok() && options.upstream.differences().inference_timing {
             outcome.timings.inference = Some(prepare_started.elapsed());
         }
         outcome
@@ -292,62 +295,24 @@ impl Decisions {
         deadline: Instant,
         outcome: &mut BatchOutcome,
     ) -> Result<String, DecisionError> {
-        let runs = prepared.iter().enumerate().map(|(i, p)| {
-            let job = (!p.rows.is_empty()).then(|| Job {
-                request_id: format!("{request_id}/{i}"),
-                checkpoint: p.checkpoint(),
-                rows: p.rows.clone(),
-                deadline,
-            });
-            let backend = Arc::clone(&self.backend);
-            async move {
-                match job {
-                    None => Ok(None),
-                    Some(job) => backend.run(job).await.map(Some),
-                }
-            }
-        });
-        let all = all_in_order(runs);
-        let outputs = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), all).await {
-            Ok(Ok(outputs)) => outputs,
-            Ok(Err(e)) => {
-                if let BackendError::Failed(reason) | BackendError::Lost(reason) = &e {
-                    tracing::error!(request_id, %reason, "batch inference failed");
-                }
-                return Err(e.into());
-            }
-            Err(_) => return Err(BackendError::DeadlineExpired.into()),
-        };
-        let diagnostics = self.live.diagnostics();
+        let runs = prepared
+            .iter()
+            .enumerate()
+            .map(|(i, p)| self.run_job(p, checkpoints, format!("{request_id}/{i}"), deadline));
+        let ran = all_in_order(runs).await?;
         let mut results = Vec::with_capacity(prepared.len());
-        for (p, output) in prepared.iter().zip(outputs) {
-            let checkpoint = checkpoints.get(p.checkpoint()).ok_or_else(|| {
-                DecisionError::Internal(format!(
-                    "checkpoint '{}' was routed to but is not open",
-                    p.checkpoint().as_str()
-                ))
-            })?;
-            let rows: &[laya::decision::RowOutput] = match &output {
-                Some(output) => {
-                    let answer = &output.answer;
-                    let class = JobClass::of(p.rows.len(), p.rows.iter().map(|r| r.ids.len()).max().unwrap_or(0));
-                    outcome
-                        .jobs
-                        .push((answer.pool.clone(), class, answer.queue_wait, answer.device_time));
-                    let timings = &mut outcome.timings;
-                    timings.queue = Some(timings.queue.map_or(answer.queue_wait, |q| q.max(answer.queue_wait)));
-                    timings.device = Some(timings.device.unwrap_or_default() + answer.device_time);
-                    &answer.outputs
-                }
-                None => &[],
-            };
-            let mut body = respond(p, checkpoint, rows)?;
-            if diagnostics
-                && p.output.keeps_extra_keys()
-                && let (Some(output), Some(object)) = (&output, body.as_object_mut())
-            {
-                object.insert("x_layad".to_owned(), diagnostics_block(output));
+        for (p, ran) in prepared.iter().zip(ran) {
+            if let Some((output, class)) = &ran.output {
+                let answer = &output.answer;
+                outcome
+                    .jobs
+                    .push((answer.pool.clone(), *class, answer.queue_wait, answer.device_time));
+                let timings = &mut outcome.timings;
+                timings.queue = Some(timings.queue.map_or(answer.queue_wait, |q| q.max(answer.queue_wait)));
+                timings.device = Some(timings.device.unwrap_or_default() + answer.device_time);
             }
+            let mut body = respond(p, ran.checkpoint, ran.outputs())?;
+            self.add_diagnostics(&mut body, p.output, ran.output.as_ref().map(|(o, _)| o));
             results.push(body);
         }
         Ok(render_batch(results))
@@ -424,12 +389,7 @@ impl Decisions {
         let (body, output) = self.call(call, request_id, deadline, &mut played).await?;
         input_tokens += input_tokens_of(&body);
         let mut body = project(self.options.output, tournament.merge(body, input_tokens, true));
-        if self.live.diagnostics()
-            && self.options.output.keeps_extra_keys()
-            && let (Some(output), Some(object)) = (&output, body.as_object_mut())
-        {
-            object.insert("x_layad".to_owned(), diagnostics_block(output));
-        }
+        self.add_diagnostics(&mut body, self.options.output, output.as_ref());
         played.body = body;
         played.last = output;
         Ok(played)
@@ -453,32 +413,66 @@ impl Decisions {
             })
             .await?;
         played.checkpoint = Some(prepared.checkpoint());
+        let ran = self.run_job(&prepared, &checkpoints, request_id, deadline).await?;
+        if let Some((output, class)) = &ran.output {
+            let answer = &output.answer;
+            played
+                .jobs
+                .push((answer.pool.clone(), *class, answer.queue_wait, answer.device_time));
+        }
+        let body = respond_unprojected(&prepared, ran.checkpoint, ran.outputs())?;
+        Ok((body, ran.output.map(|(output, _)| output)))
+    }
+
+    /// The job-running step every answer shares: the checkpoint `prepared` was routed to (open,
+    /// else a bug), and its rows run on the backend as job `request_id` by `deadline`, the
+    /// request's one deadline. No rows, no job: upstream answers an empty `questions` without a
+    /// forward pass.
+    async fn run_job<'c>(
+        &self,
+        prepared: &PreparedDecision,
+        checkpoints: &'c Checkpoints,
+        request_id: impl AsRef<str>,
+        deadline: Instant,
+    ) -> Result<Ran<'c>, DecisionError> {
+        let request_id = request_id.as_ref();
         let checkpoint = checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
             DecisionError::Internal(format!(
                 "checkpoint '{}' was routed to but is not open",
                 prepared.checkpoint().as_str()
             ))
         })?;
-        let output = if prepared.rows.is_empty() {
-            None
-        } else {
-            let job = Job {
-                request_id: request_id.to_owned(),
-                checkpoint: prepared.checkpoint(),
-                rows: prepared.rows.clone(),
-                deadline,
-            };
-            let class = job.class();
-            let output = self.run_by_deadline(job, request_id, deadline).await?;
-            let answer = &output.answer;
-            played
-                .jobs
-                .push((answer.pool.clone(), class, answer.queue_wait, answer.device_time));
-            Some(output)
+        if prepared.rows.is_empty() {
+            return Ok(Ran {
+                checkpoint,
+                output: None,
+            });
+        }
+        let job = Job {
+            request_id: request_id.to_owned(),
+            checkpoint: prepared.checkpoint(),
+            rows: prepared.rows.clone(),
+            deadline,
         };
-        let rows = output.as_ref().map_or(&[][..], |o| &o.answer.outputs[..]);
-        let body = respond_unprojected(&prepared, checkpoint, rows)?;
-        Ok((body, output))
+        let class = job.class();
+        let output = self.run_by_deadline(job, request_id, deadline).await?;
+        Ok(Ran {
+            checkpoint,
+            output: Some((output, class)),
+        })
+    }
+
+    /// Adds the `x_layad` block of `output` (where the job ran, why, where its time went) to
+    /// `body`, when diagnostics are on and `profile` keeps keys the contract does not define: a
+    /// strict Jev client rejects those, so `jev-strict` and `jev` answers carry no `x_layad`
+    /// whatever `server.diagnostics` says.
+    fn add_diagnostics(&self, body: &mut Value, profile: OutputProfile, output: Option<&JobOutput>) {
+        if self.live.diagnostics()
+            && profile.keeps_extra_keys()
+            && let (Some(output), Some(object)) = (output, body.as_object_mut())
+        {
+            object.insert("x_layad".to_owned(), diagnostics_block(output));
+        }
     }
 
     /// Runs `job` on the backend by `deadline`, the request's one deadline: when it passes,
@@ -506,41 +500,30 @@ impl Decisions {
         deadline: Instant,
         outcome: &mut Outcome,
     ) -> Result<String, DecisionError> {
-        let checkpoint = checkpoints.get(prepared.checkpoint()).ok_or_else(|| {
-            DecisionError::Internal(format!(
-                "checkpoint '{}' was routed to but is not open",
-                prepared.checkpoint().as_str()
-            ))
-        })?;
-        let mut diagnostics = None;
-        let outputs = if prepared.rows.is_empty() {
-            // Upstream answers an empty `questions` without a forward pass.
-            Vec::new()
-        } else {
-            let job = Job {
-                request_id: request_id.to_owned(),
-                checkpoint: prepared.checkpoint(),
-                rows: prepared.rows.clone(),
-                deadline,
-            };
-            outcome.timings.class = Some(job.class());
-            let output = self.run_by_deadline(job, request_id, deadline).await?;
+        let ran = self.run_job(prepared, checkpoints, request_id, deadline).await?;
+        if let Some((output, class)) = &ran.output {
+            outcome.timings.class = Some(*class);
             outcome.pool = Some(output.answer.pool.clone());
             outcome.timings.queue = Some(output.answer.queue_wait);
             outcome.timings.device = Some(output.answer.device_time);
-            diagnostics = Some(diagnostics_block(&output));
-            output.answer.outputs
-        };
-        let mut body = respond(prepared, checkpoint, &outputs)?;
-        // A strict Jev client rejects keys the contract does not define, so `jev-strict` and `jev`
-        // answers carry no `x_layad` whatever `server.diagnostics` says.
-        if self.live.diagnostics()
-            && prepared.output.keeps_extra_keys()
-            && let (Some(block), Some(object)) = (diagnostics, body.as_object_mut())
-        {
-            object.insert("x_layad".to_owned(), block);
         }
+        let mut body = respond(prepared, ran.checkpoint, ran.outputs())?;
+        self.add_diagnostics(&mut body, prepared.output, ran.output.as_ref().map(|(o, _)| o));
         Ok(py_json(&body, Separators::Compact))
+    }
+}
+
+/// One job's run ([`Decisions::run_job`]): the open checkpoint it was routed to and, when it had
+/// rows, the backend's output and the job's class.
+struct Ran<'c> {
+    checkpoint: &'c Checkpoint,
+    output: Option<(JobOutput, JobClass)>,
+}
+
+impl Ran<'_> {
+    /// One output per row (none without rows).
+    fn outputs(&self) -> &[RowOutput] {
+        self.output.as_ref().map_or(&[], |(o, _)| &o.answer.outputs)
     }
 }
 
@@ -558,7 +541,7 @@ fn plan_tournament(
     questions: &Map<String, Value>,
     options: DecisionOptions,
 ) -> Result<Option<Tournament>, RequestError> {
-    if !options.upstream.is_0_4() || options.tournament_group == 0 {
+    if !options.upstream.differences().tournaments || options.tournament_group == 0 {
         return Ok(None);
     }
     tournament::plan(questions, options.tournament_group)

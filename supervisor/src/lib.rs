@@ -187,7 +187,7 @@ async fn announce_ready_task(listen: SocketAddr, backend: Arc<dyn Backend>, chec
                     let mut devices: Vec<String> = p
                         .workers
                         .iter()
-                        .filter_map(|w| match (&w.device, &w.cpu_kernels) {
+                        .filter_map(|w| match (&w.device, &w.engine.cpu_kernels) {
                             (Some(device), Some(kernels)) => Some(format!("{device}/{kernels}")),
                             (device, _) => device.clone(),
                         })

@@ -309,7 +309,7 @@ impl Collector for BackendCollector {
                 .iter()
                 .flat_map(|p| {
                     p.workers.iter().filter_map(move |w| {
-                        let kernels = w.cpu_kernels.as_deref()?;
+                        let kernels = w.engine.cpu_kernels.as_deref()?;
                         Some((
                             vec![
                                 ("pool", p.name.as_str()),
@@ -353,6 +353,47 @@ impl Collector for BackendCollector {
                     let labels = [("pool", pool.name.as_str()), ("route", route)];
                     ConstCounter::new(count).encode(routed.encode_family(&labels)?)?;
                 }
+            }
+        }
+        {
+            let mut speed = encoder.encode_descriptor(
+                "layad_pool_speed_factor",
+                "How much longer than normal a pool's forwards take now, as the scheduler estimates (1: normal speed)",
+                None,
+                ConstGauge::new(0f64).metric_type(),
+            )?;
+            for pool in pools {
+                let labels = [("pool", pool.name.as_str())];
+                ConstGauge::new(pool.speed.factor).encode(speed.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut changed = encoder.encode_descriptor(
+                "layad_pool_speed_changed",
+                "Unix time when a pool's speed factor last changed (0: never)",
+                Some(&Unit::Seconds),
+                ConstGauge::new(0f64).metric_type(),
+            )?;
+            for pool in pools {
+                let labels = [("pool", pool.name.as_str())];
+                let at = pool
+                    .speed
+                    .since
+                    .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0.0, |d| d.as_secs_f64());
+                ConstGauge::new(at).encode(changed.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut changes = encoder.encode_descriptor(
+                "layad_pool_speed_changes",
+                "Times a pool's speed factor changed (its device slowed or recovered)",
+                None,
+                counter_type,
+            )?;
+            for pool in pools {
+                let labels = [("pool", pool.name.as_str())];
+                ConstCounter::new(pool.speed.changes).encode(changes.encode_family(&labels)?)?;
             }
         }
         {

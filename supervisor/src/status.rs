@@ -94,6 +94,8 @@ pub struct PoolStatus {
     pub routed: RouteCounts,
     /// Jobs that preferred this pool but spilled to another.
     pub spilled_out: u64,
+    /// Copies of jobs run here as probes of a slowed device (their answers not used).
+    pub probes: u64,
     /// Forward passes that carried more than one job, and the jobs they carried.
     pub batches: (u64, u64),
     /// Jobs this pool's idle workers took from other pools' queues, and jobs other pools took
@@ -101,8 +103,38 @@ pub struct PoolStatus {
     pub taken: (u64, u64),
     /// How long jobs waited for a worker here, per job class (classes seen so far).
     pub waits: Vec<ClassWaits>,
+    /// How fast the pool's device runs now, relative to its normal speed.
+    pub speed: SpeedStatus,
     /// The pool's workers.
     pub workers: Vec<WorkerStatus>,
+}
+
+/// The speed of a pool's device as the scheduler estimates it (the estimates' change detector).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeedStatus {
+    /// Measured device time over normal device time: 1 normally, 4 at a quarter of its speed.
+    pub factor: f64,
+    /// When the factor last changed, if it ever did.
+    pub since: Option<std::time::SystemTime>,
+    /// Why it changed, in words.
+    pub why: Option<String>,
+    /// Times it changed.
+    pub changes: u64,
+    /// Whether the scheduler treats the device as slowed: it gets jobs only where it finishes them
+    /// first, and a probe now and then.
+    pub slowed: bool,
+}
+
+impl Default for SpeedStatus {
+    fn default() -> Self {
+        Self {
+            factor: 1.0,
+            since: None,
+            why: None,
+            changes: 0,
+            slowed: false,
+        }
+    }
 }
 
 /// Queue waits of one job class on one pool.
@@ -152,14 +184,9 @@ pub struct WorkerStatus {
     /// The parity gate it passed before it became ready, per checkpoint (workers that run a
     /// converted graph, such as `layad-worker-ane`); empty otherwise.
     pub parity_gate: Vec<layad_proto::pb::CheckpointParity>,
-    /// CPU workers: the SIMD kernels their matrix products run on (`amx`, `avx512`, `avx2`, `gemm`), once
-    /// reported.
-    pub cpu_kernels: Option<String>,
-    /// GPU workers: the device as its driver describes it (name, memory, compute capability), once
-    /// reported.
-    pub gpu: Option<layad_proto::pb::GpuDevice>,
-    /// Why the worker runs on another device than its pool asked for (it fell back), once reported.
-    pub device_fallback: Option<String>,
+    /// What its engine tells operators (CPU kernels, GPU, why it fell back to another device, …),
+    /// once reported: `/health` writes each field as it is, so a new one needs no code here.
+    pub engine: layad_proto::EngineFacts,
     /// How many times idle unload stopped it.
     pub unloads: u64,
     /// After the last idle unload: how long loading and warming it again took, which is what the
@@ -183,9 +210,7 @@ impl WorkerStatus {
             stderr_tail: Vec::new(),
             warmup: Vec::new(),
             parity_gate: Vec::new(),
-            cpu_kernels: None,
-            gpu: None,
-            device_fallback: None,
+            engine: layad_proto::EngineFacts::default(),
             unloads: 0,
             last_reload_ms: None,
         }
@@ -304,9 +329,11 @@ mod tests {
                 backlog: Duration::ZERO,
                 routed: RouteCounts::default(),
                 spilled_out: 0,
+                probes: 0,
                 batches: (0, 0),
                 taken: (0, 0),
                 waits: Vec::new(),
+                speed: SpeedStatus::default(),
                 workers,
             }],
         }

@@ -26,7 +26,7 @@ pub fn spec(kind: WorkerKind) -> KindSpec {
     match kind {
         WorkerKind::Gpu => KindSpec {
             max_rows: None,
-            extra_args: |_| Vec::new(),
+            extra_args: gpu_args,
             unavailable_here: |_| None,
         },
         WorkerKind::Ane => KindSpec {
@@ -35,6 +35,16 @@ pub fn spec(kind: WorkerKind) -> KindSpec {
             extra_args: ane_args,
             unavailable_here: ane_unavailable_here,
         },
+    }
+}
+
+/// `require_device`: the worker refuses to fall back to the CPU (and exits with
+/// `EXIT_DEVICE_UNAVAILABLE`, which the supervisor does not restart).
+fn gpu_args(pool: &PoolConfig) -> Vec<OsString> {
+    if pool.require_device {
+        vec!["--require-device".into()]
+    } else {
+        Vec::new()
     }
 }
 
@@ -71,5 +81,8 @@ mod tests {
         assert_eq!((spec.unavailable_here)(&pool), None, "candle runs anywhere");
         let gpu = super::spec(WorkerKind::Gpu);
         assert_eq!((gpu.max_rows, (gpu.extra_args)(&pool).len()), (None, 0));
+        let mut strict = PoolConfig::named("cuda");
+        strict.require_device = true;
+        assert_eq!((gpu.extra_args)(&strict), ["--require-device"]);
     }
 }

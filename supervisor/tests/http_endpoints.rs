@@ -182,16 +182,21 @@ async fn headers_that_never_finish_close_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checkpoint_that_is_off_gets_503() {
+async fn a_checkpoint_that_is_off_gets_501_without_retry_after() {
     let checkpoints = http_support::checkpoints_except(CheckpointName::TypedDecisions);
     let server = TestServer::start_with(checkpoints, |_| {}).await;
     let body = br#"{"state": "x", "model": "typed", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}"#;
     let response = server.post("/v1/systemone", &[JSON], body).await;
     assert_eq!(
         (response.status, response.detail().as_str()),
-        (503, "checkpoint 'typed-decisions' is not served by this server")
+        (
+            501,
+            "checkpoint 'typed-decisions' is turned off in this server's configuration; requests routed to it are \
+             refused until an operator serves it (retrying will not help)"
+        )
     );
-    assert_eq!(response.header("retry-after"), Some("1"));
+    // Permanent: asking again cannot help, so nothing says when to.
+    assert_eq!(response.header("retry-after"), None);
     let models = server.get("/v1/models", &[]).await.json();
     let names: Vec<&str> = models["models"]
         .as_array()
@@ -382,8 +387,14 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "routed",
             "batches",
             "queue_wait_ms",
+            "speed",
             "workers"
         ]
+    );
+    assert_eq!(
+        pool["speed"],
+        serde_json::json!({"factor": 4.0, "slowed": true, "since_unix": 1_800_000_000.0,
+                           "why": "the last 2 forwards took 4.1× and 3.9× their normal time", "changes": 1})
     );
     assert_eq!(pool["backlog_ms"], 3.0);
     assert_eq!(pool["routed"]["taken_from_others"], 2);
@@ -472,6 +483,9 @@ async fn metrics_count_requests_and_read_the_pools() {
         "layad_workers{pool=\"gpu\",state=\"restarting\"} 0",
         "layad_worker_restarts_total{pool=\"gpu\",worker=\"gpu-0\"} 2",
         "layad_pool_backlog_seconds{pool=\"gpu\"} 0.003",
+        "layad_pool_speed_factor{pool=\"gpu\"} 4.0",
+        "layad_pool_speed_changed_seconds{pool=\"gpu\"} 1800000000.0",
+        "layad_pool_speed_changes_total{pool=\"gpu\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
@@ -483,7 +497,7 @@ const OPENMETRICS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,app
 
 /// Every layad metric family, by its name in the Prometheus text format, with its type: a family
 /// that disappears or changes type fails the test below (and the dashboards that chart it).
-const FAMILIES: [(&str, &str); 18] = [
+const FAMILIES: [(&str, &str); 21] = [
     ("layad_requests_total", "counter"),
     ("layad_request_duration_seconds", "histogram"),
     ("layad_prepare_duration_seconds", "histogram"),
@@ -494,6 +508,9 @@ const FAMILIES: [(&str, &str); 18] = [
     ("layad_pool_degraded", "gauge"),
     ("layad_pool_backlog_seconds", "gauge"),
     ("layad_pool_unavailable", "gauge"),
+    ("layad_pool_speed_factor", "gauge"),
+    ("layad_pool_speed_changed_seconds", "gauge"),
+    ("layad_pool_speed_changes_total", "counter"),
     ("layad_workers", "gauge"),
     ("layad_worker_cpu_kernels", "gauge"),
     ("layad_worker_restarts_total", "counter"),

@@ -25,7 +25,7 @@
 # (environment): EXPERIMENT, SEEDS, ARRIVALS, RUN_SECONDS (default: long enough for about 600 short
 # requests per run), CAPACITY_SECONDS, CLIENTS, LOAD_FRACTION, RATE (skip the capacity run), PORT,
 # CHECKPOINT (a checkpoint directory instead of layad-bench's), CONFIGS, SKIP_BUILD=1, SKIP_RUNS=1
-# (only compare), BIN, OUT, PLOT.
+# (only compare), BIN, OUT, PLOT, PAIR (split only).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -36,7 +36,9 @@ case $EXPERIMENT in
         ARRIVALS=${ARRIVALS:-poisson bursty}
         SEEDS=${SEEDS:-1}
         PLOT=${PLOT:-docs/scheduling.svg}
-        PAIRS=("short 1x1 + general 1x1, spill vs general 2x1")
+        # PAIR: the comparison to print, `candidate vs baseline` by label (tools/bench/suite runs
+        # only the two short-pool configurations and compares spill on with spill off).
+        PAIRS=("${PAIR:-short 1x1 + general 1x1, spill vs general 2x1}")
         ;;
     added-device)
         CONFIGS=${CONFIGS:-one-general added-short one-general-arrival added-short-arrival}

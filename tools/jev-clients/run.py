@@ -12,11 +12,19 @@ layad's `/metrics` counted one more 200 answer (so the call really reached layad
     python3 tools/jev-clients/run.py                      # all 14, target/debug or target/release
     python3 tools/jev-clients/run.py --only jevantic jev  # some of them
     python3 tools/jev-clients/run.py --output laya         # the same calls in another profile
+    python3 tools/jev-clients/run.py --weights-seed 7      # on a fixture cache of other random weights
 
 Python: the libraries need 3.10 to 3.14 (jevclient >= 3.12, jev-cli >= 3.13, jev 0.3.0 declares
 >= 3.14). The venvs are made with --python (default: the newest python3.1x found on PATH or under
 ~/.pyenv/versions, at least 3.13); on an interpreter older than a library declares, that library is
 installed with pip's --ignore-requires-python (its code is unchanged) and the table says so.
+
+The fixture checkpoints' random weights decide every answer, so a library that checks more than
+the shape (jevantic: probabilities summing to one within 1e-6) can pass on one set of weights by
+luck; `--weights-seed N` runs everything on a cache like the committed one whose weights come from
+seed N (`tools/fixtures/make_fixtures.py --weights-seed N --cache-out DIR`, run with
+`--fixture-python`, a Python with torch, transformers and laya: tools/fixtures/README.md), and
+`--hf-home DIR` on any cache.
 
 Exit status 0 only when every library passes. Traffic goes to 127.0.0.1 only; pip goes to PyPI.
 See tools/jev-clients/README.md.
@@ -142,10 +150,11 @@ c = jf.choose(STATE, QUEUE)
 assert c.value in QUEUE and 0 <= c.confidence <= 1, c
 done(f"choose → {c.value} confidence={c.confidence:.4f}")
 '''),
-    # jevkit-runtime underneath: JEV_API picks the provider, JEV_URL overrides its endpoint (the full
-    # route); the typesafe provider pins `jev-1.13.0`.
+    # jevkit-runtime underneath: JEV_API picks the provider; its `laya` provider (a local Laya server,
+    # "laya-mlx") reads its endpoint (the full route) from JEV_LAYA_URL, its key from JEV_LAYA_API_KEY,
+    # and sends model `laya-421m`, laya-mlx's id of the English checkpoint.
     Client("jev-grep", "jev-grep==0.6.0", (3, 10),
-           {"JEV_API": "typesafe", "JEV_URL": "{url}/v1/systemone", "TYPESAFE_API_KEY": "{key}"}, r'''
+           {"JEV_API": "laya", "JEV_LAYA_URL": "{url}/v1/systemone", "JEV_LAYA_API_KEY": "{key}"}, r'''
 import subprocess, tempfile
 cli = os.path.join(os.path.dirname(sys.executable), "jgrep")
 with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
@@ -155,7 +164,7 @@ assert out.returncode in (0, 1), (out.returncode, out.stdout, out.stderr)
 done(f"jgrep exit {out.returncode}: " + out.stdout.strip().replace(chr(10), " | ")[:160])
 '''),
     Client("jev-sort", "jev-sort==0.5.1", (3, 10),
-           {"JEV_API": "typesafe", "JEV_URL": "{url}/v1/systemone", "TYPESAFE_API_KEY": "{key}"}, r'''
+           {"JEV_API": "laya", "JEV_LAYA_URL": "{url}/v1/systemone", "JEV_LAYA_API_KEY": "{key}"}, r'''
 import subprocess
 cli = os.path.join(os.path.dirname(sys.executable), "jsort")
 lines = "The server is down for everyone.\nA typo on the pricing page.\nI was charged twice.\n"
@@ -183,16 +192,19 @@ a = reply.choice("queue")
 assert a.choice in QUEUE, a
 done(f"model={client.model} choice={a.choice} confidence={a.confidence:.4f}")
 '''),
-    # Reads the request id from `x-typesafe-request-id` (typesafe-sdk 0.6.x underneath).
+    # Reads the request id from `x-typesafe-request-id` (typesafe-sdk 0.6.x underneath), and refuses
+    # probabilities whose sum is more than 1e-6 from one: three options, so that 4-decimal rounding
+    # (0.3632 + 0.2826 + 0.3543 = 1.0001) would show.
     Client("jevantic", "jevantic==0.1.0a0", (3, 12),
            {"TYPESAFE_BASE_URL": "{url}", "TYPESAFE_API_KEY": "{key}"}, r'''
 import asyncio
 from jevantic import Jevaluator, Question
+THREE = dict(QUEUE, sales="pricing, plans and upgrades")
 async def main():
     async with Jevaluator() as evaluator:
-        return await evaluator.evaluate(STATE, Question.choice(QUEUE, instructions="Which queue?"))
+        return await evaluator.evaluate(STATE, Question.choice(THREE, instructions="Which queue?"))
 e = asyncio.run(main())
-assert e.value.selected in QUEUE, e.value
+assert e.value.selected in THREE, e.value
 assert e.info.request_id, "no x-typesafe-request-id"
 done(f"selected={e.value.selected} confidence={e.value.confidence:.4f} request_id={e.info.request_id}")
 '''),
@@ -394,6 +406,15 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180, help="seconds per library call (default 180)")
     ap.add_argument("--startup-timeout", type=float, default=240)
     ap.add_argument("--markdown", action="store_true", help="print the result table as Markdown too")
+    ap.add_argument("--hf-home", type=Path, default=REPO / "tests" / "fixtures" / "hf-cache",
+                    help="the Hugging Face cache layad serves (default: the committed fixture cache)")
+    ap.add_argument("--weights-seed", type=int, metavar="N",
+                    help="serve a fixture cache like the committed one with other random weights, from seed N "
+                         "(made with tools/fixtures/make_fixtures.py; overrides --hf-home)")
+    ap.add_argument("--fixture-python", default=os.environ.get("LAYAD_FIXTURE_PYTHON")
+                    or str(REPO / "tools" / "fixtures" / ".venv" / "bin" / "python"),
+                    help="Python with torch, transformers and laya for --weights-seed (default: "
+                         "$LAYAD_FIXTURE_PYTHON, else tools/fixtures/.venv, which tools/fixtures/regenerate.sh makes)")
     args = ap.parse_args()
 
     clients = [c for c in CLIENTS if not args.only or c.name in args.only]
@@ -417,7 +438,18 @@ def main() -> int:
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="layad-jev-clients-") as tmp:
-        layad = Layad(bin_dir, args.output, Path(tmp), REPO / "tests" / "fixtures" / "hf-cache", args.startup_timeout)
+        hf_home = args.hf_home.resolve()
+        if args.weights_seed is not None:
+            hf_home = Path(tmp) / "hf-home"
+            print(f"making a fixture cache with weights from seed {args.weights_seed} ({args.fixture_python})", flush=True)
+            made = subprocess.run([args.fixture_python, str(REPO / "tools" / "fixtures" / "make_fixtures.py"),
+                                   "--weights-seed", str(args.weights_seed), "--cache-out", str(hf_home)],
+                                  capture_output=True, text=True, timeout=600,
+                                  env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONHASHSEED="0"))
+            if made.returncode != 0:
+                sys.exit(f"make_fixtures.py --weights-seed failed (pass --fixture-python):\n{made.stderr[-2000:]}")
+        print(f"checkpoints from {hf_home}", flush=True)
+        layad = Layad(bin_dir, args.output, Path(tmp), hf_home, args.startup_timeout)
         try:
             for client, interpreter, note in prepared:
                 if interpreter is None:
@@ -430,7 +462,8 @@ def main() -> int:
         finally:
             layad.stop()
     passed = sum(ok for _, ok, *_ in rows)
-    print(f"\n{passed}/{len(rows)} libraries pass against layad (output = \"{args.output}\")")
+    weights = f"weights from seed {args.weights_seed}" if args.weights_seed is not None else f"checkpoints {args.hf_home}"
+    print(f"\n{passed}/{len(rows)} libraries pass against layad (output = \"{args.output}\", {weights})")
     if args.markdown:
         print("\n| library | result | layad answers | what the call returned |\n|---|---|---|---|")
         for name, ok, detail, calls, note in rows:

@@ -11,8 +11,8 @@ use std::time::Instant;
 use laya::checkpoint::{Checkpoint, CheckpointError, Location};
 use layad_proto::rows::usable_buckets;
 use layad_proto::{
-    Engine, EngineError, EngineInfo, EngineOutput, EngineRow, InvalidForward, LoadedCheckpoint, ParityReport,
-    bucket_for,
+    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, InvalidForward, LoadedCheckpoint,
+    ParityReport, bucket_for,
 };
 use worker_gpu::Precision;
 use worker_gpu::device::CpuThreads;
@@ -22,7 +22,7 @@ use crate::artifact::{self, Artifact, ArtifactError, Expected};
 use crate::executor::candle::CandleExecutor;
 use crate::executor::{Executor, ExecutorError};
 use crate::host::{self, HostError, HostWeights};
-use crate::parity::{self, GateSummary};
+use worker_gpu::parity::{self, GateSummary};
 
 /// Which executor runs the graphs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -613,7 +613,7 @@ fn gate(
 }
 
 impl Engine for AneEngine {
-    fn info(&self) -> EngineInfo {
+    fn describe(&self) -> EngineInfo {
         let buckets: BTreeSet<u32> = self.served.iter().flat_map(|s| s.buckets.iter().copied()).collect();
         EngineInfo {
             device: self.device.to_owned(),
@@ -622,6 +622,9 @@ impl Engine for AneEngine {
             max_rows: 1,
             max_batch_tokens: self.max_batch_tokens,
             length_buckets: buckets.into_iter().collect(),
+            parity: self.served.iter().map(|s| s.parity.clone()).collect(),
+            // No operator facts of its own: each checkpoint's parity gate names what ran it where.
+            facts: EngineFacts::default(),
         }
     }
 
@@ -642,10 +645,6 @@ impl Engine for AneEngine {
         };
         self.threads = threads;
         outputs
-    }
-
-    fn parity(&self) -> Vec<ParityReport> {
-        self.served.iter().map(|s| s.parity.clone()).collect()
     }
 }
 

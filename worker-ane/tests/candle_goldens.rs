@@ -44,7 +44,7 @@ fn f32_matches_upstream_goldens_within_1e4() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let artifacts = common::artifacts(scratch.path());
     let mut engine = AneEngine::load(&checkpoints(), &options(&artifacts, Precision::F32)).expect("load");
-    let info = engine.info();
+    let info = engine.describe();
     assert_eq!(
         (info.device.as_str(), info.dtype.as_str(), info.max_rows),
         ("cpu", "f32", 1)
@@ -67,7 +67,7 @@ fn f32_matches_upstream_goldens_within_1e4() {
     eprintln!("candle f32 vs upstream: {rows} rows, max |Δlogit| {logit_diff:.3e}, max |Δact| {act_diff:.3e}");
     assert!(rows >= 160, "{rows}");
     assert!(logit_diff <= 1e-4 && act_diff <= 1e-4, "{logit_diff} {act_diff}");
-    for report in engine.parity() {
+    for report in engine.describe().parity {
         eprintln!("gate f32 {report:?}");
         assert_eq!(report.hard_mismatches, 0);
         assert!(report.max_probability_diff <= 1e-4, "{report:?}");
@@ -79,8 +79,9 @@ fn f16_passes_the_parity_gate() {
     let scratch = tempfile::tempdir().expect("tempdir");
     let artifacts = common::artifacts(scratch.path());
     let engine = AneEngine::load(&checkpoints(), &options(&artifacts, Precision::F16)).expect("load passes the gate");
-    assert_eq!(engine.info().dtype, "f16");
-    let reports = engine.parity();
+    let described = engine.describe();
+    assert_eq!(described.dtype, "f16");
+    let reports = described.parity;
     assert_eq!(reports.len(), 3);
     for report in &reports {
         eprintln!("gate f16 {report:?}");

@@ -6,7 +6,7 @@ use laya::checkpoint::{Checkpoint, Location};
 use layad_cpu_kernels::CpuKernels;
 use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{
-    DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineInfo, EngineOutput, EngineRow,
+    DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow,
     ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
 };
 use rayon::prelude::*;
@@ -277,7 +277,7 @@ impl CandleEngine {
 }
 
 impl Engine for CandleEngine {
-    fn info(&self) -> EngineInfo {
+    fn describe(&self) -> EngineInfo {
         EngineInfo {
             device: self.device.label(),
             dtype: self.precision.as_str().to_owned(),
@@ -285,23 +285,13 @@ impl Engine for CandleEngine {
             max_rows: self.max_rows,
             max_batch_tokens: self.max_batch_tokens,
             length_buckets: self.length_buckets.clone(),
+            parity: self.parity.clone(),
+            facts: EngineFacts {
+                cpu_kernels: self.cpu_kernels.map(CpuKernels::report),
+                gpu: self.gpu.clone(),
+                device_fallback: self.device.fallback.clone(),
+            },
         }
-    }
-
-    fn parity(&self) -> Vec<ParityReport> {
-        self.parity.clone()
-    }
-
-    fn cpu_kernels(&self) -> Option<String> {
-        self.cpu_kernels.map(CpuKernels::report)
-    }
-
-    fn gpu(&self) -> Option<GpuInfo> {
-        self.gpu.clone()
-    }
-
-    fn device_fallback(&self) -> Option<String> {
-        self.device.fallback.clone()
     }
 
     fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
@@ -310,7 +300,7 @@ impl Engine for CandleEngine {
             return Ok(Vec::new());
         }
         // The harness checked the rows already; an engine called directly checks them here.
-        ForwardLimits::from_info(&self.info())
+        ForwardLimits::from_info(&self.describe())
             .check(checkpoint, rows)
             .map_err(|invalid| EngineError::InvalidArgument(invalid.to_string()))?;
         let buckets = &self.length_buckets;

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
-use layad_proto::WorkerArgs;
-use layad_proto::harness::{self, HarnessOptions, LoadError};
+use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
+use layad_proto::{EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
 use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
@@ -111,12 +111,22 @@ fn main() -> ExitCode {
     let load = move || -> Result<CandleEngine, LoadError> {
         let engine = CandleEngine::load(&checkpoints, engine_options)?;
         match engine.fallback() {
-            Some(reason) if require_device => Err(format!("--require-device: {reason}").into()),
+            Some(reason) if require_device => Err(Box::new(DeviceRequired(reason.to_owned()))),
             _ => Ok(engine),
         }
     };
     let mut options = HarnessOptions::from_args(&common, format!("layad-worker-gpu {}", env!("CARGO_PKG_VERSION")));
     // As parsed: `CUDA:0` asks for what `cuda:0` does.
     options.requested_device = device.to_string();
-    harness::exit_code("layad-worker-gpu", harness::run(load, options), |_| 1)
+    harness::exit_code("layad-worker-gpu", harness::run(load, options), |error| match error {
+        // Not a crash: the same start fails the same way; the supervisor reports the pool
+        // unavailable with this reason instead of restarting it.
+        HarnessError::Load(error) if error.is::<DeviceRequired>() => u8::try_from(EXIT_DEVICE_UNAVAILABLE).unwrap_or(1),
+        _ => 1,
+    })
 }
+
+/// `--require-device` refused the CPU fallback: the requested device's reason for being missing.
+#[derive(Debug, thiserror::Error)]
+#[error("--require-device: {0}")]
+struct DeviceRequired(String);

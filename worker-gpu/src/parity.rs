@@ -83,7 +83,7 @@ pub fn temperature(temperatures: &Temperatures, qtype: u32, options: usize) -> f
         2 => QuestionType::Noul,
         _ => QuestionType::Choice,
     };
-    temperatures.for_question(qtype, options)
+    laya::answer::temperature(temperatures, qtype, options)
 }
 
 /// The gate over every compared row of one checkpoint.

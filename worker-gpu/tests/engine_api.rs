@@ -1,4 +1,4 @@
-//! `CandleEngine` through the worker's `Engine` trait: what `info()` reports, which requests are
+//! `CandleEngine` through the worker's `Engine` trait: what `describe()` reports, which requests are
 //! refused with `InvalidArgument` (and what the message says: the row contract's, from
 //! `layad_proto::rows`), and the load-time refusals.
 
@@ -58,7 +58,7 @@ fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: u32) -> EngineRow {
 #[test]
 fn info_reports_what_runs() {
     let engine = engine();
-    let info = engine.info();
+    let info = engine.describe();
     assert_eq!((info.device.as_str(), info.dtype.as_str()), ("cpu", "f32"));
     assert_eq!((info.max_rows, info.max_batch_tokens), (4, 100));
     assert!(info.length_buckets.is_empty());
@@ -201,7 +201,7 @@ fn an_unavailable_gpu_falls_back_to_the_cpu_and_says_so() {
         ..options()
     };
     let engine = CandleEngine::load(&checkpoints, requested).expect("falls back");
-    assert_eq!(engine.info().device, "cpu");
-    assert_eq!(engine.info().dtype, "f32");
+    assert_eq!(engine.describe().device, "cpu");
+    assert_eq!(engine.describe().dtype, "f32");
     assert!(engine.fallback().is_some_and(|r| r.starts_with("cuda:0 unavailable")));
 }

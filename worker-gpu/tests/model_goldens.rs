@@ -149,7 +149,7 @@ fn every_cpu_kernel_family_answers_like_upstream() {
         let mut engine = engine_with(Precision::F32, Vec::new(), Some(kernels)).expect("load");
         assert_eq!(engine.kernels(), Some(kernels));
         assert_eq!(
-            layad_proto::Engine::cpu_kernels(&engine).as_deref(),
+            layad_proto::Engine::describe(&engine).facts.cpu_kernels.as_deref(),
             Some(kernels.as_str())
         );
         let mut outputs = Vec::new();
@@ -204,7 +204,7 @@ fn calibrated(golden: &GoldenRow, checkpoint: &Checkpoint) -> Vec<f32> {
         1 => QuestionType::Score,
         _ => QuestionType::Noul,
     };
-    let t = checkpoint.agent.temperatures.for_question(qtype, golden.logits.len()) as f32;
+    let t = laya::answer::temperature(&checkpoint.agent.temperatures, qtype, golden.logits.len()) as f32;
     softmax(&golden.logits.iter().map(|l| l / t).collect::<Vec<_>>())
 }
 
@@ -276,7 +276,7 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
         "avx512-bf16"
     };
     let engine = engine(Precision::Bf16);
-    let reports = layad_proto::Engine::parity(&engine);
+    let reports = layad_proto::Engine::describe(&engine).parity;
     assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
     for report in &reports {
         assert_eq!(report.executor.contains(kernel), native, "{report:?}");
@@ -286,7 +286,8 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
     if CpuKernels::Avx2.available() {
         let avx2 = engine_with(Precision::Bf16, Vec::new(), Some(CpuKernels::Avx2)).expect("load");
         assert!(
-            layad_proto::Engine::parity(&avx2)
+            layad_proto::Engine::describe(&avx2)
+                .parity
                 .iter()
                 .all(|r| !r.executor.contains("avx512-bf16") && !r.executor.contains("amx-bf16"))
         );
@@ -329,7 +330,7 @@ fn int8_passes_the_parity_gate_against_upstream_on_every_golden_row() {
     for (family, executor) in kernels {
         let mut engine = engine_with(Precision::Int8, Vec::new(), family).expect("load");
         assert_eq!(engine.precision(), Precision::Int8);
-        let reports = layad_proto::Engine::parity(&engine);
+        let reports = layad_proto::Engine::describe(&engine).parity;
         assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
         assert!(
             reports
@@ -386,7 +387,8 @@ fn activation_choices_are_measured_against_the_goldens() {
         match load(activations) {
             Err(refused) => eprintln!("{activations}: gate refused at load: {refused}"),
             Ok(engine) => {
-                let gates: Vec<String> = layad_proto::Engine::parity(&engine)
+                let gates: Vec<String> = layad_proto::Engine::describe(&engine)
+                    .parity
                     .iter()
                     .map(|r| {
                         format!(

@@ -617,7 +617,13 @@ const MISSING_GPU: &str = if cfg!(target_os = "macos") { "cuda" } else { "metal"
 async fn a_missing_device_is_refused_with_require_device_and_reported_without() {
     let mut refused = Worker::start(&["--device", MISSING_GPU, "--require-device"]);
     let status = refused.exit_within(Duration::from_secs(30)).await;
-    assert!(!status.success(), "{}", refused.log());
+    // Not a crash: the supervisor does not restart a worker that exits with this code.
+    assert_eq!(
+        status.code(),
+        Some(layad_proto::EXIT_DEVICE_UNAVAILABLE),
+        "{}",
+        refused.log()
+    );
     let expected = format!("--require-device: {MISSING_GPU}");
     assert!(refused.log().contains(&expected), "{}", refused.log());
     assert!(!refused.socket.exists());
@@ -637,12 +643,13 @@ async fn a_missing_device_is_refused_with_require_device_and_reported_without() 
     );
     // The engine's own reason reaches Describe (and from there the supervisor's /health); a CPU
     // has no GPU facts.
-    let reason = info.device_fallback.as_deref().unwrap_or_default();
+    let facts = info.decode_engine_facts().expect("engine facts");
+    let reason = facts.device_fallback.as_deref().unwrap_or_default();
     assert!(
         reason.starts_with(&format!("{requested} unavailable (")) && reason.ends_with("); running on cpu"),
         "{reason}"
     );
-    assert_eq!(info.gpu, None);
+    assert_eq!(facts.gpu, None);
 
     // CUDA off a CUDA build: the reason names the build, not a driver.
     if !cfg!(feature = "cuda") {
@@ -650,7 +657,10 @@ async fn a_missing_device_is_refused_with_require_device_and_reported_without() 
         let (client, _) = cuda.ready().await;
         let info = client.describe().await.expect("describe");
         assert_eq!(
-            info.device_fallback.as_deref(),
+            info.decode_engine_facts()
+                .expect("engine facts")
+                .device_fallback
+                .as_deref(),
             Some(format!("cuda:1 unavailable ({}); running on cpu", worker_gpu::cuda::NOT_BUILT).as_str())
         );
     }

@@ -76,7 +76,10 @@ impl StopLists {
             let (Some(lang), Some(since)) = (tokens.next(), tokens.next()) else {
                 continue;
             };
-            if since.parse::<Upstream>().map_or(true, |since| since > upstream) {
+            if since
+                .parse::<Upstream>()
+                .map_or(true, |since| !upstream.has_rows_since(since))
+            {
                 continue;
             }
             let at = match langs.iter().position(|(l, _)| *l == lang) {
@@ -97,7 +100,7 @@ impl StopLists {
             .flat_map(|(_, words)| words.iter().copied())
             .filter(|w| langs.iter().filter(|(_, l)| l.binary_search(w).is_ok()).count() > 1)
             .collect();
-        if upstream.is_0_4() {
+        if upstream.differences().nordic_overlap {
             shared.extend(V0_4_15.nordic_overlap.iter().copied());
         }
         shared.sort_unstable();

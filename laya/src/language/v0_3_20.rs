@@ -3,10 +3,10 @@
 
 use serde_json::Value;
 
-use super::tables::{self, StopLists};
-use super::{
+use super::reading::{
     Detection, LatinEvidence, NON_EN_DIACRITIC_RATE, ScriptReading, diacritic_rate, lowered, prose_words, state_text,
 };
+use super::tables::{self, StopLists};
 use crate::python_text::py_char;
 use crate::upstream::Upstream;
 

@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::tables::{self, EN_ONLY_0_4_15, V0_4_15, contains, stop_lists};
-use super::{
+use super::reading::{
     Detection, LatinEvidence, MAX_STATE_CHARS, NON_EN_DIACRITIC_RATE, NON_LATIN_MIN_LETTERS, ScriptReading,
     alpha_count, diacritic_rate, has_non_latin_words, letter_words, lowered, non_latin_carries, prose_words,
     state_text, string_leaves,
 };
+use super::tables::{self, EN_ONLY_0_4_15, V0_4_15, contains, stop_lists};
 use crate::python_text::{py_char, py_len, py_prefix, py_strip};
 use crate::upstream::Upstream;
 
@@ -387,7 +387,7 @@ mod tests {
         assert!(is_letter('\u{1c89}') && is_letter('\u{31350}') && is_letter('a'));
         assert!(!is_letter('\u{1c8b}') && !is_letter('1') && !py_char::is_alpha('\u{1c89}'));
         // 0.3.20 does not see them at all.
-        let old = super::super::analyse(Some(&json!("\u{1c89}\u{1c8a}")), Upstream::V0_3_20);
+        let old = super::super::v0_3_20::analyse(Some(&json!("\u{1c89}\u{1c8a}")));
         assert_eq!(old.script, "unknown");
     }
 

@@ -10,7 +10,16 @@ use tokio::net::unix::pipe;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::{HarnessError, StopReason};
+use crate::error::HarnessError;
+
+/// Why a worker was asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM or SIGINT: finish what was accepted, then exit cleanly.
+    Terminate,
+    /// The supervisor died (liveness pipe closed, or parent-death signal with a new parent): exit now.
+    SupervisorGone,
+}
 
 /// Installs every watcher and returns the channel on which they report. Must run inside the runtime.
 pub(crate) fn watch_stop_signals(liveness_fd: Option<RawFd>) -> Result<mpsc::Receiver<StopReason>, HarnessError> {
@@ -77,7 +86,8 @@ mod parent_death {
     use tokio::signal::unix::{SignalKind, signal};
     use tokio::sync::mpsc;
 
-    use super::{HarnessError, StopReason};
+    use super::StopReason;
+    use crate::error::HarnessError;
 
     pub(super) fn watch(stop: mpsc::Sender<StopReason>) -> Result<(), HarnessError> {
         let parent = nix::unistd::getppid();

@@ -9,12 +9,11 @@
 
 mod lifetime;
 mod memory;
+mod options;
 mod runner;
 mod service;
 mod socket;
 
-use std::os::fd::RawFd;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -22,46 +21,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::WorkerArgs;
+pub use crate::error::{HarnessError, LoadError};
+pub use lifetime::StopReason;
+pub use options::HarnessOptions;
+use runner::status_of;
+
 use crate::engine::Engine;
 use crate::pb;
-use crate::warmup::WarmupPolicy;
-
-/// Error a load closure may return; its message becomes part of [`HarnessError::Load`].
-pub type LoadError = Box<dyn std::error::Error + Send + Sync>;
-
-/// How to run one worker.
-#[derive(Clone, Debug)]
-pub struct HarnessOptions {
-    /// Unix socket to serve on. Its directory must be private (mode 0700, owned by this user) and is
-    /// created with mode 0700 if missing; the socket itself gets mode 0600.
-    pub socket: PathBuf,
-    /// Read end of the supervisor's liveness pipe: end-of-file on it means the supervisor is gone.
-    pub liveness_fd: Option<RawFd>,
-    /// Device as asked for on the command line (`auto`, `cpu`, `metal`, `cuda`, `cuda:1`, …), reported
-    /// next to the device in use so that a fallback is never silent.
-    pub requested_device: String,
-    /// Binary name and version reported by Describe, e.g. `layad-worker-gpu 0.1.0`.
-    pub worker: String,
-    /// Shapes and repetitions of the warm-up.
-    pub warmup: WarmupPolicy,
-    /// The nonce given on the command line, echoed in Describe (empty: none given).
-    pub spawn_nonce: String,
-}
-
-impl HarnessOptions {
-    /// The options of a worker binary started with `args`; `worker` is its name and version.
-    pub fn from_args(args: &WorkerArgs, worker: String) -> Self {
-        Self {
-            socket: args.socket.clone(),
-            liveness_fd: args.liveness_fd,
-            requested_device: args.device.clone(),
-            worker,
-            warmup: WarmupPolicy::default(),
-            spawn_nonce: args.spawn_nonce.clone().unwrap_or_default(),
-        }
-    }
-}
 
 /// How the worker binary `binary` exits after [`run`]: success after a clean stop (saying so when the
 /// supervisor is gone); otherwise the error is logged and the status is `code_of(&error)`.
@@ -84,15 +50,6 @@ pub fn exit_code(
     }
 }
 
-/// Why a worker was asked to stop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// SIGTERM or SIGINT: finish what was accepted, then exit cleanly.
-    Terminate,
-    /// The supervisor died (liveness pipe closed, or parent-death signal with a new parent): exit now.
-    SupervisorGone,
-}
-
 /// How [`serve`] ended without an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServeOutcome {
@@ -105,60 +62,6 @@ pub enum ServeOutcome {
     },
     /// The supervisor died; the worker stopped without waiting for forwards in flight.
     SupervisorGone,
-}
-
-/// Why a worker could not start or stopped abnormally.
-#[derive(Debug, thiserror::Error)]
-pub enum HarnessError {
-    /// The socket's directory is missing and cannot be created, or is not private.
-    #[error("socket directory {dir}: {reason}")]
-    SocketDir {
-        /// The directory.
-        dir: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The socket path cannot be used (another worker answers on it, or it is not a socket).
-    #[error("socket {path}: {reason}")]
-    Socket {
-        /// The socket path.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The liveness pipe given on the command line cannot be watched.
-    #[error("liveness pipe (fd {fd}): {source}")]
-    Liveness {
-        /// The file descriptor number.
-        fd: RawFd,
-        /// Why it cannot be used.
-        source: std::io::Error,
-    },
-    /// Signal handlers or the parent-death signal could not be installed.
-    #[error("installing signal handlers: {0}")]
-    Signals(std::io::Error),
-    /// The async runtime or the engine thread could not be started.
-    #[error("starting the worker runtime: {0}")]
-    Runtime(std::io::Error),
-    /// The load closure failed (bad checkpoint, device not available, …).
-    #[error("loading the engine: {0}")]
-    Load(LoadError),
-    /// A warm-up forward failed or returned outputs that do not match its rows.
-    #[error("warm-up of checkpoint {checkpoint} on shape {shape} failed: {reason}")]
-    Warmup {
-        /// Checkpoint name.
-        checkpoint: String,
-        /// Shape name and size.
-        shape: String,
-        /// The engine's error or the output problem.
-        reason: String,
-    },
-    /// The engine panicked or its thread stopped.
-    #[error("engine failed: {0}")]
-    EngineFailed(String),
-    /// The gRPC server stopped with an error.
-    #[error("gRPC server: {0}")]
-    Server(#[from] tonic::transport::Error),
 }
 
 /// True when `in_use` is what `requested` asked for: `auto` accepts any device, `cuda` accepts
@@ -306,13 +209,6 @@ async fn next_stop(stop: &mut mpsc::Receiver<StopReason>) -> StopReason {
     match stop.recv().await {
         Some(reason) => reason,
         None => std::future::pending().await,
-    }
-}
-
-fn status_of(state: pb::WorkerState, failure: Option<String>) -> pb::WorkerStatus {
-    pb::WorkerStatus {
-        state: state as i32,
-        failure,
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{HarnessError, LoadError, status_of};
 use crate::engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow};
+use crate::error::{HarnessError, LoadError};
 use crate::pb;
 use crate::rows::check_outputs;
 use crate::warmup::{self, WarmupPolicy};
@@ -20,16 +20,11 @@ const QUEUE_DEPTH: usize = 32;
 
 /// What the engine thread reports once it is loaded and warm.
 pub(crate) struct Started {
+    /// The engine's description after warm-up.
     pub(crate) info: EngineInfo,
     pub(crate) warmup: Vec<pb::WarmupTiming>,
-    /// The engine's parity gate, if it ran one.
-    pub(crate) parity: Option<pb::ParityGate>,
-    /// The engine's CPU kernel family, if it reports one.
-    pub(crate) cpu_kernels: Option<String>,
-    /// The GPU the engine runs on, if it reports one.
-    pub(crate) gpu: Option<pb::GpuDevice>,
-    /// Why the engine fell back to another device than requested, if it did and says why.
-    pub(crate) device_fallback: Option<String>,
+    /// `info.facts` as Describe sends them (`WorkerInfo.engine_facts`), encoded once.
+    pub(crate) engine_facts: String,
 }
 
 /// The answer to one batch.
@@ -55,6 +50,8 @@ struct ForwardJob {
     rows: Vec<EngineRow>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<ForwardDone, EngineError>>,
+    /// The caller's span (its request ids): the engine thread logs the batch inside it.
+    span: tracing::Span,
 }
 
 /// Handle that queues batches for the engine thread; the thread stops once it is dropped.
@@ -71,6 +68,7 @@ impl EngineRunner {
             rows,
             enqueued: Instant::now(),
             reply,
+            span: tracing::Span::current(),
         };
         self.jobs.send(job).await.map_err(|_| RunError::Stopped)?;
         answer.await.map_err(|_| RunError::Stopped)?.map_err(RunError::Engine)
@@ -123,13 +121,13 @@ where
 {
     let loading = Instant::now();
     let mut engine = load().map_err(HarnessError::Load)?;
-    let info = engine.info();
+    let info = engine.describe();
     tracing::info!(
         state = "warming",
         load_ms = loading.elapsed().as_secs_f64() * 1e3,
         device = %info.device,
         dtype = %info.dtype,
-        cpu_kernels = engine.cpu_kernels().as_deref().unwrap_or("-"),
+        facts = ?info.facts,
         checkpoints = ?info.checkpoints.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         "engine loaded; warming up"
     );
@@ -141,19 +139,15 @@ where
         shapes = warmup.len(),
         "warm-up done"
     );
-    let parity = pb::ParityGate::from_reports(&engine.parity());
-    let cpu_kernels = engine.cpu_kernels();
-    let gpu = engine.gpu().as_ref().map(pb::GpuDevice::from);
-    let device_fallback = engine.device_fallback();
+    // Described again: what an engine learns while warming (its parity gate, say) counts.
+    let info = engine.describe();
+    let engine_facts = pb::encode_engine_facts(&info.facts).map_err(HarnessError::Facts)?;
     Ok((
         engine,
         Started {
             info,
             warmup,
-            parity,
-            cpu_kernels,
-            gpu,
-            device_fallback,
+            engine_facts,
         },
     ))
 }
@@ -169,6 +163,7 @@ fn serve_batches<E: Engine>(
             // The caller went away while the batch waited; running it would only delay the next one.
             continue;
         }
+        let _span = job.span.enter();
         let queued = job.enqueued.elapsed();
         let start = Instant::now();
         match catch_unwind(AssertUnwindSafe(|| engine.forward(&job.checkpoint, &job.rows))) {
@@ -203,4 +198,12 @@ fn panic_message(during: &str, panic: &(dyn Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_owned());
     format!("the engine panicked during {during}: {detail}")
+}
+
+/// The status a worker reports in `state`, with the failure that put it there.
+pub(super) fn status_of(state: pb::WorkerState, failure: Option<String>) -> pb::WorkerStatus {
+    pb::WorkerStatus {
+        state: state as i32,
+        failure,
+    }
 }

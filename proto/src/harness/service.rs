@@ -10,11 +10,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::runner::{EngineRunner, RunError, Started};
-use super::{HarnessOptions, memory};
-use crate::PROTOCOL_VERSION;
+use super::memory;
+use super::options::HarnessOptions;
+use super::runner::{EngineRunner, RunError, Started, status_of};
 use crate::engine::{EngineError, EngineRow};
-use crate::pb;
+use crate::pb::{self, PROTOCOL_VERSION};
 use crate::rows::ForwardLimits;
 
 /// State shared by every request handler and the harness.
@@ -62,11 +62,9 @@ impl Shared {
             forwards_served: 0,
             forwards_in_flight: 0,
             failure: None,
-            parity_gate: started.parity,
+            parity_gate: pb::ParityGate::from_reports(&engine.parity),
             spawn_nonce: options.spawn_nonce.clone(),
-            cpu_kernels: started.cpu_kernels,
-            gpu: started.gpu,
-            device_fallback: started.device_fallback,
+            engine_facts: started.engine_facts,
         };
         Shared {
             status,
@@ -138,6 +136,48 @@ impl pb::worker_server::Worker for WorkerService {
     }
 
     async fn forward(&self, request: Request<pb::ForwardRequest>) -> Result<Response<pb::ForwardReply>, Status> {
+        // Every line logged for this forward, here and on the engine thread, carries the ids of
+        // the supervisor's jobs it runs.
+        let request_ids: Vec<&str> = request
+            .metadata()
+            .get_all(pb::REQUEST_ID_METADATA)
+            .iter()
+            .filter_map(|id| id.to_str().ok())
+            .collect();
+        let span = tracing::info_span!("forward", request_id = %request_ids.join(","));
+        tracing::Instrument::instrument(self.run_forward(request), span).await
+    }
+
+    type WatchStream = StatusStream;
+
+    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<StatusStream>, Status> {
+        let updates = self.shared.status.subscribe();
+        let stopping = self.shared.stopping.clone();
+        Ok(Response::new(Box::pin(status_stream(updates, stopping))))
+    }
+
+    async fn drain(&self, _: Request<pb::DrainRequest>) -> Result<Response<pb::DrainReply>, Status> {
+        let shared = &self.shared;
+        shared.status.send_if_modified(|status| {
+            let ready = status.state() == pb::WorkerState::Ready;
+            if ready {
+                *status = status_of(pb::WorkerState::Draining, None);
+                tracing::info!(state = "draining", "drain requested");
+            }
+            ready
+        });
+        let mut in_flight = shared.in_flight.subscribe();
+        // The sender lives in `shared`, which outlives this call, so waiting cannot fail.
+        let _ = in_flight.wait_for(|&n| n == 0).await;
+        Ok(Response::new(pb::DrainReply {
+            forwards_served: shared.forwards_served(),
+        }))
+    }
+}
+
+impl WorkerService {
+    /// One forward, inside its request ids' span.
+    async fn run_forward(&self, request: Request<pb::ForwardRequest>) -> Result<Response<pb::ForwardReply>, Status> {
         let shared = &self.shared;
         // Enter before reading the state: Drain sets the state first and then waits for zero, so a
         // forward either sees `draining` or is counted and waited for.
@@ -183,32 +223,6 @@ impl pb::worker_server::Worker for WorkerService {
             rows: done.outputs.into_iter().map(pb::RowOutput::from).collect(),
             device_us: done.device.as_micros().try_into().unwrap_or(u64::MAX),
             queue_us: done.queued.as_micros().try_into().unwrap_or(u64::MAX),
-        }))
-    }
-
-    type WatchStream = StatusStream;
-
-    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<StatusStream>, Status> {
-        let updates = self.shared.status.subscribe();
-        let stopping = self.shared.stopping.clone();
-        Ok(Response::new(Box::pin(status_stream(updates, stopping))))
-    }
-
-    async fn drain(&self, _: Request<pb::DrainRequest>) -> Result<Response<pb::DrainReply>, Status> {
-        let shared = &self.shared;
-        shared.status.send_if_modified(|status| {
-            let ready = status.state() == pb::WorkerState::Ready;
-            if ready {
-                *status = super::status_of(pb::WorkerState::Draining, None);
-                tracing::info!(state = "draining", "drain requested");
-            }
-            ready
-        });
-        let mut in_flight = shared.in_flight.subscribe();
-        // The sender lives in `shared`, which outlives this call, so waiting cannot fail.
-        let _ = in_flight.wait_for(|&n| n == 0).await;
-        Ok(Response::new(pb::DrainReply {
-            forwards_served: shared.forwards_served(),
         }))
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 
-use super::HarnessError;
+use crate::error::HarnessError;
 
 /// A socket path whose directory has been checked; nothing is bound yet.
 pub(crate) struct SocketPath {

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use laya::error::{Problem, RequestError};
 use laya::output::OutputProfile;
 use laya::python_text::{Separators, py_json};
-use laya::request::{Problem, RequestError};
 use serde_json::{Map, Value};
 
 use crate::backend::BackendError;
@@ -54,7 +54,7 @@ impl ApiError {
             detail: detail.into(),
             retry_after: None,
             problem: Problem::Refused {
-                error_type: laya::jev::error_type(status.as_u16()),
+                error_type: laya::error::error_type(status.as_u16()),
             },
         }
     }
@@ -100,12 +100,9 @@ impl ApiError {
 
 impl From<RequestError> for ApiError {
     fn from(e: RequestError) -> Self {
+        // Every refusal of the request itself is permanent for this request and configuration
+        // (a checkpoint turned off is a 501): none carries `Retry-After`.
         let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            // laya's only 503: a checkpoint this configuration does not serve. Retrying the same
-            // server will not help, but a load balancer may send the retry elsewhere.
-            return Self::unavailable(e.detail, Duration::from_secs(1));
-        }
         Self {
             problem: e.problem,
             ..Self::new(status, e.detail)
@@ -128,6 +125,17 @@ impl From<BackendError> for ApiError {
             BackendError::DeadlineExpired => Self::unavailable(
                 "request timed out waiting for a worker; try again later",
                 Duration::from_secs(1),
+            ),
+            // Permanent with the running configuration: every pool serving the checkpoint failed
+            // in a way a restart cannot cure (its device is missing, or its worker refused its
+            // configuration). 501 naming the reasons, without `Retry-After`.
+            BackendError::CheckpointRefused { checkpoint, reasons } => Self::new(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "checkpoint '{}' cannot be served by this server as configured: {}; retrying will not help",
+                    checkpoint.as_str(),
+                    reasons.join("; ")
+                ),
             ),
             BackendError::CheckpointUnavailable(name) => Self::unavailable(
                 format!("checkpoint '{}' has no ready worker; try again later", name.as_str()),

@@ -93,7 +93,8 @@ impl Server {
                     limits: RequestLimits {
                         max_token_budget: config.compat.max_token_budget,
                         // Tournament mode raises the cap: a wide choice is read in groups.
-                        max_choice_options: if tournament_group != 0 && config.compat.upstream.is_0_4() {
+                        max_choice_options: if tournament_group != 0 && config.compat.upstream.differences().tournaments
+                        {
                             laya::tournament::MAX_TOURNAMENT_CHOICE_OPTIONS
                         } else {
                             laya::request::MAX_CHOICE_OPTIONS
@@ -283,7 +284,7 @@ fn raise_open_files_limit(max_connections: usize) {
 pub fn router(app: Arc<App>, frame: Frame) -> Router {
     let mut router = Router::new().route(routes::SYSTEMONE, post(routes::systemone::systemone));
     // 0.3.20 has no batch route: there the path is unknown (404), as upstream answers.
-    if app.decisions.upstream().is_0_4() {
+    if app.decisions.upstream().differences().batch_route {
         router = router.route(routes::BATCH, post(routes::batch::batch));
     }
     router

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use laya::routing::CheckpointName;
 use layad_config::PoolConfig;
 use layad_proto::client::WorkerClient;
-use layad_proto::pb;
+use layad_proto::{EngineFacts, EngineFactsError, pb};
 use tokio::sync::Notify;
 
 use crate::backend::{BackendError, Job, Route};
@@ -30,7 +30,7 @@ use crate::pool::capabilities::{Capabilities, ForwardShape, JobShape};
 use crate::pool::estimate::WarmupPoint;
 use crate::pool::order::QueuePolicy;
 use crate::pool::queue::{Answer, Entry, ReadyWorker, State};
-use crate::status::{LoadedCheckpoint, PoolStatus, WarmupReport, WorkerState, WorkerStatus};
+use crate::status::{LoadedCheckpoint, PoolStatus, SpeedStatus, WarmupReport, WorkerState, WorkerStatus};
 
 /// What the scheduler needs to know about one pool for one job.
 #[derive(Clone, Debug)]
@@ -54,7 +54,19 @@ pub struct PoolView {
     pub idle: bool,
     /// The job's service estimate alone.
     pub service: Duration,
+    /// That estimate rests on forwards measured here (else it is a guess from the warm-up).
+    pub measured: bool,
+    /// The pool's device is slowed and due a probe ([`State::probe_due`]).
+    pub probe: bool,
+    /// The device's speed as measured over its normal speed (1: normal).
+    pub speed: f64,
+    /// That speed is markedly slower than normal ([`estimate::Speed::slowed`]).
+    pub slowed: bool,
 }
+
+/// Least time between two probes of a slowed pool: a trickle of a few jobs a second, so that its
+/// recovery is seen within a second.
+pub const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// A ready worker's Describe answer, read once: what it runs, what it takes, how fast it warmed.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,18 +87,14 @@ pub struct WorkerReport {
     pub warmup: Vec<WarmupReport>,
     /// The parity gate it passed, per checkpoint.
     pub parity_gate: Vec<pb::CheckpointParity>,
-    /// CPU workers: the SIMD kernels its matrix products run on.
-    pub cpu_kernels: Option<String>,
-    /// GPU workers: the device as its driver describes it.
-    pub gpu: Option<pb::GpuDevice>,
-    /// Why the worker runs on another device than requested, in its own words.
-    pub device_fallback: Option<String>,
+    /// What its engine tells operators, decoded once here and shown in `/health` as it is.
+    pub engine: EngineFacts,
 }
 
 impl WorkerReport {
-    /// Reads a Describe answer.
-    pub fn from_info(info: &pb::WorkerInfo) -> Self {
-        Self {
+    /// Reads a Describe answer; fails only when its engine facts do not decode (a protocol error).
+    pub fn from_info(info: &pb::WorkerInfo) -> Result<Self, EngineFactsError> {
+        Ok(Self {
             device: info.device.clone(),
             requested_device: info.requested_device.clone(),
             device_mismatch: info.device_mismatch,
@@ -115,10 +123,8 @@ impl WorkerReport {
                 })
                 .collect(),
             parity_gate: info.parity_gate.clone().map(|g| g.checkpoints).unwrap_or_default(),
-            cpu_kernels: info.cpu_kernels.clone(),
-            gpu: info.gpu.clone(),
-            device_fallback: info.device_fallback.clone(),
-        }
+            engine: info.decode_engine_facts()?,
+        })
     }
 
     /// The warm-up timings as estimate seeds.
@@ -239,6 +245,9 @@ impl Pool {
         let service = holds
             .as_ref()
             .map_or(Duration::ZERO, |forward| state.model.estimate(checkpoint, *forward));
+        let measured = holds
+            .as_ref()
+            .is_ok_and(|forward| state.model.measured(checkpoint, *forward));
         let ready = state
             .ready
             .values()
@@ -259,6 +268,10 @@ impl Pool {
             expected: start.map(|start| start + service),
             idle: start == Some(Duration::ZERO),
             service,
+            measured,
+            probe: state.probe_due(start, service, PROBE_EVERY, Instant::now()),
+            speed: state.model.speed().factor,
+            slowed: state.model.speed().slowed(),
         }
     }
 
@@ -304,13 +317,13 @@ impl Pool {
         self.lock().retiring = true;
     }
 
-    /// Queues a job the scheduler placed here by `route`, in `policy`'s order, or refuses it at once
-    /// when the queue is full. The receiver gets the answer; dropping it withdraws the job.
+    /// Queues a job the scheduler placed here by `route` (`None`: a copy run as a probe of a slowed
+    /// device), in `policy`'s order, or refuses it at once when the queue is full. The receiver gets the answer; dropping it withdraws the job.
     pub fn enqueue(
         &self,
         job: Job,
         forward: ForwardShape,
-        route: Route,
+        route: Option<Route>,
         policy: &QueuePolicy,
     ) -> Result<Answer, BackendError> {
         let receiver = self
@@ -348,7 +361,7 @@ impl Pool {
         // This pool's estimates, copied so that no two pools' locks are ever held at once.
         let model = {
             let state = self.lock();
-            if state.retiring {
+            if state.retiring || !state.ready.contains_key(&worker.index) {
                 return None;
             }
             state.model.clone()
@@ -431,9 +444,7 @@ impl Pool {
             record.checkpoints = report.checkpoints;
             record.warmup = report.warmup;
             record.parity_gate = report.parity_gate;
-            record.cpu_kernels = report.cpu_kernels;
-            record.gpu = report.gpu;
-            record.device_fallback = report.device_fallback;
+            record.engine = report.engine;
         }
         self.notify.notify_waiters();
         AdmittedWorker {
@@ -468,10 +479,24 @@ impl Pool {
             capabilities: self.capabilities_of(&state),
             backlog: state.backlog().unwrap_or_default(),
             routed: state.routed,
+            probes: state.probes,
             spilled_out: state.spilled_out,
             batches: state.batches,
             taken: state.taken,
             waits: state.waits.summary(),
+            speed: {
+                let speed = state.model.speed();
+                SpeedStatus {
+                    factor: speed.factor,
+                    // The change as wall-clock time, for people and scrapers.
+                    since: speed
+                        .since
+                        .and_then(|at| std::time::SystemTime::now().checked_sub(at.elapsed())),
+                    why: speed.why.clone(),
+                    changes: speed.changes,
+                    slowed: speed.slowed(),
+                }
+            },
             workers: state.workers.values().cloned().collect(),
         }
     }

@@ -47,6 +47,11 @@ async fn next_batch(pool: &Pool, worker: &AdmittedWorker, stop: &CancellationTok
         notified.as_mut().enable();
         let waiting = {
             let mut state = pool.lock();
+            // Retired (the process manager is stopping it, or a reload removes it): no new call,
+            // whatever is queued. Checked under the lock `Pool::retire` takes.
+            if !state.ready.contains_key(&worker.index) {
+                return None;
+            }
             state.drop_abandoned();
             if let Some(batch) = state.take_batch(worker.index, &worker.checkpoints, &worker.limits, batch_wait) {
                 let left_behind = !state.queue.is_empty();
@@ -100,8 +105,10 @@ async fn run_batch(
     for q in &mut batch {
         q.attempts += 1;
     }
+    // The worker logs the forward under its jobs' request ids.
+    let request_ids: Vec<&str> = batch.iter().map(|q| q.job.request_id.as_str()).collect();
     let result = tokio::select! {
-        result = worker.client.forward(checkpoint.as_str(), &rows) => result,
+        result = worker.client.forward_for(checkpoint.as_str(), &rows, &request_ids) => result,
         // The process manager saw the worker exit: treat it like a lost connection.
         () = dead.cancelled() => Err(ClientError::Unavailable("worker process exited".to_owned())),
     };
@@ -110,9 +117,24 @@ async fn run_batch(
         state.in_flight -= batch.len();
         state.running.remove(&worker.index);
         if let Ok(answer) = &result {
-            state
-                .model
-                .observe(checkpoint, forward, Duration::from_micros(answer.device_us));
+            let changes = state.model.speed().changes;
+            state.model.observe(
+                checkpoint,
+                forward,
+                Duration::from_micros(answer.device_us),
+                Instant::now(),
+            );
+            let speed = state.model.speed();
+            if speed.changes != changes {
+                // Placement and admission follow this factor: say when and why it moved.
+                tracing::info!(
+                    pool = pool.name(),
+                    worker = name,
+                    factor = speed.factor,
+                    why = speed.why.as_deref().unwrap_or(""),
+                    "device speed changed"
+                );
+            }
         }
     }
     match result {

@@ -78,6 +78,7 @@ fn emit(line: &str, tags: &LogTags) {
     if let Some(Value::Object(nested)) = record.remove("fields") {
         record.extend(nested);
     }
+    lift_span_fields(&mut record);
     for key in [
         "timestamp",
         "level",
@@ -108,9 +109,41 @@ fn emit(line: &str, tags: &LogTags) {
     }
 }
 
+/// Moves the fields of the spans a worker's line was logged in (its `spans` list, outermost first)
+/// into the record, where they survive re-emission: a forward's `request_id` above all. The event's
+/// own fields win over a span's of the same name.
+fn lift_span_fields(record: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Array(spans)) = record.remove("spans") else {
+        return;
+    };
+    for span in spans {
+        let Value::Object(fields) = span else { continue };
+        for (key, value) in fields {
+            if key != "name" && !record.contains_key(&key) {
+                record.insert(key, value);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_logged_in_a_forward_span_keeps_its_request_id() {
+        let line = r#"{"level":"INFO","message":"engine ran","rows":2,"spans":[{"name":"forward","request_id":"abc123/0,abc124"}]}"#;
+        let Ok(Value::Object(mut record)) = serde_json::from_str::<Value>(line) else {
+            panic!("a JSON object");
+        };
+        lift_span_fields(&mut record);
+        assert_eq!(record.get("request_id"), Some(&Value::from("abc123/0,abc124")));
+        assert_eq!(record.get("rows"), Some(&Value::from(2)));
+        assert!(
+            !record.contains_key("spans") && !record.contains_key("name"),
+            "{record:?}"
+        );
+    }
 
     #[tokio::test]
     async fn keeps_every_line_to_the_end_and_only_the_last_ones() {

@@ -15,8 +15,13 @@
 //! pool; that job waits in the queue while the new worker loads and warms, as a request does while a
 //! crashed worker restarts. No RPC to drop one checkpoint: the pool is the unit that goes idle, and a
 //! new process is the one path that already loads and warms a worker before it serves.
+//!
+//! A pool with `start_unloaded` (what `LAYA_MODELS` gives a checkpoint it does not list, which
+//! upstream loads on first use) takes the same path from the start: its slots begin `unloaded`
+//! and start their workers when the first job is queued for the pool.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -31,9 +36,10 @@ use tokio_util::sync::CancellationToken;
 use crate::pool::worker_task::worker_task;
 use crate::pool::{Pool, WorkerReport};
 use crate::process::backoff::Backoff;
+use crate::process::cpu_quota::{self, CpuQuota};
 use crate::process::logs::{LogTags, StderrTail, stderr_task};
 use crate::process::worker_process::{WorkerProcess, WorkerSpec, describe_exit};
-use crate::status::WorkerState;
+use crate::status::{LoadedCheckpoint, WorkerState};
 use crate::worker_kind;
 
 /// How often a starting worker's socket is tried: it appears once the worker is ready.
@@ -56,6 +62,10 @@ pub struct ManagerSettings {
     pub startup_timeout: Duration,
     /// How long a worker may take to finish after SIGTERM.
     pub stop_timeout: Duration,
+    /// Threads per worker for CPU pools with `threads = 0` under a CPU quota (a container's
+    /// limit), so that their workers together fit it; 0 = no quota, each worker sizes itself.
+    /// A reload recomputes it for the workers it starts (it may change how many share the quota).
+    quota_threads: AtomicU32,
 }
 
 impl ManagerSettings {
@@ -66,14 +76,33 @@ impl ManagerSettings {
         socket_dir: PathBuf,
         checkpoint_dirs: Vec<(CheckpointName, PathBuf)>,
     ) -> Self {
-        Self {
+        let settings = Self {
             binary_dir,
             socket_dir,
             checkpoint_dirs: RwLock::new(checkpoint_dirs),
             backoff: Backoff::new(&config.workers),
             startup_timeout: config.workers.startup_timeout,
             stop_timeout: config.workers.stop_timeout,
-        }
+            quota_threads: AtomicU32::new(0),
+        };
+        settings.set_pools(config);
+        settings
+    }
+
+    /// Sizes the threads of CPU workers with `threads = 0` for the pools of `config` (at start-up
+    /// and on a reload) from this process's CPU quota, if it has one.
+    pub fn set_pools(&self, config: &Config) {
+        let threads = CpuQuota::current().and_then(|quota| {
+            let threads = cpu_quota::threads_per_worker(&config.pools, quota.whole_cpus())?;
+            tracing::info!(
+                quota_cpus = quota.cpus,
+                cgroup = ?quota.version,
+                threads_per_worker = threads,
+                "CPU quota: workers of CPU pools with threads = 0 share it"
+            );
+            Some(threads)
+        });
+        self.quota_threads.store(threads.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The directories workers started from now on load (a reload's new checkpoint set).
@@ -105,7 +134,11 @@ fn worker_spec(settings: &ManagerSettings, pool: &Pool, index: usize, generation
             .collect(),
         device: config.device.as_str().to_owned(),
         dtype: config.effective_dtype().as_str().to_owned(),
-        threads: (config.threads > 0).then_some(config.threads as usize),
+        threads: match (config.threads, settings.quota_threads.load(Ordering::Relaxed)) {
+            (0, 0) => None,
+            (0, quota) => Some(quota as usize),
+            (set, _) => Some(set as usize),
+        },
         max_rows: config.max_rows,
         max_batch_tokens: config.max_batch_tokens,
         length_buckets: config.buckets.clone(),
@@ -130,7 +163,7 @@ type States = futures::stream::BoxStream<'static, Result<pb::WorkerStatus, Clien
 /// Tries the socket until the worker `spawned` answers and its state stream says ready; returns the
 /// client, its Describe answer and the rest of the stream. `Err` when something else answers there
 /// (another process, or a Describe without this start's nonce): that never becomes ready.
-async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerClient, pb::WorkerInfo, States), String> {
+async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerClient, WorkerReport, States), String> {
     loop {
         match WorkerClient::connect_spawned(socket, spawned).await {
             Ok(client) => {
@@ -140,7 +173,9 @@ async fn wait_ready(socket: &Path, spawned: &SpawnedWorker) -> Result<(WorkerCli
                         && first.state() == pb::WorkerState::Ready
                         && let Ok(info) = client.describe().await
                     {
-                        return Ok((client, info, states));
+                        // Its answer is read once, here; one that breaks the protocol is refused.
+                        let report = WorkerReport::from_info(&info).map_err(|e| e.to_string())?;
+                        return Ok((client, report, states));
                     }
                 }
             }
@@ -198,6 +233,31 @@ pub async fn supervise_task(
     let mut restarts = 0u64;
     // Set while the slot starts again after an idle unload: when that began.
     let mut reloading: Option<Instant> = None;
+    if pool.config().start_unloaded {
+        // As after an idle unload, from the start: the first job queued for the pool starts it.
+        // The record names what it will load, so `/readyz` and routing count it as servable.
+        let loads: Vec<LoadedCheckpoint> = pool
+            .checkpoints()
+            .iter()
+            .map(|&name| LoadedCheckpoint {
+                name,
+                revision: None,
+                sha256: String::new(),
+            })
+            .collect();
+        pool.update_worker(index, |w| {
+            w.state = WorkerState::Unloaded;
+            w.checkpoints = loads;
+        });
+        tracing::info!(worker = %id, "pool starts unloaded: its worker starts on the first request for it");
+        demand(&pool, &stop).await;
+        if stop.is_cancelled() {
+            pool.update_worker(index, |w| w.state = WorkerState::Stopped);
+            return;
+        }
+        tracing::info!(worker = %id, "first request for the pool: loading the worker");
+        reloading = Some(Instant::now());
+    }
     loop {
         if stop.is_cancelled() {
             pool.update_worker(index, |w| w.state = WorkerState::Stopped);
@@ -320,7 +380,7 @@ async fn run_once(
             return Ok(Ended::Stopped);
         }
     };
-    let (client, info, mut states) = match ready {
+    let (client, report, mut states) = match ready {
         Ok(Ok(ready)) => ready,
         Ok(Err(refused)) => {
             tracing::error!(pid, %refused, "refusing what answers at the worker's socket; stopping the worker");
@@ -342,12 +402,11 @@ async fn run_once(
         }
     };
 
-    let report = WorkerReport::from_info(&info);
     let worker = format!("{}/{index}", pool.config().name);
     if report.device_mismatch {
         tracing::warn!(%worker, requested = %report.requested_device, device = %report.device, "worker runs on another device than configured");
     }
-    tracing::info!(%worker, pid, device = %report.device, dtype = %report.dtype, cpu_kernels = report.cpu_kernels.as_deref().unwrap_or("-"), "worker ready");
+    tracing::info!(%worker, pid, device = %report.device, dtype = %report.dtype, facts = ?report.engine, "worker ready");
     let (retired, dead) = (CancellationToken::new(), CancellationToken::new());
     // Whatever happens below, the serving task must not outlive this process.
     let _retired_guard = retired.clone().drop_guard();
@@ -367,7 +426,7 @@ async fn run_once(
         pool.idle_for(idle_unload).await;
     };
     tokio::pin!(idle);
-    tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
+    let mut serving_task = tokio::spawn(worker_task(Arc::clone(pool), admitted, retired.clone(), dead.clone()));
 
     let mut serving = true;
     let (ended, why) = loop {
@@ -402,11 +461,16 @@ async fn run_once(
             }
         }
     };
-    // Stopped or unloaded: out of the pool, let the worker answer what it already accepted, then
-    // stop it.
+    // Stopped or unloaded: out of the pool (its task takes no batch from now on), let the worker
+    // answer what it already accepted, then stop it.
     pool.retire(index);
     retired.cancel();
-    let _ = tokio::time::timeout(settings.stop_timeout, client.drain()).await;
+    // The batch its task took just before may still be on its way to the worker: it must arrive
+    // before the drain, which would refuse it, and long before the exit, which would cut it off
+    // mid-call. Both waits share the one stop timeout.
+    let finish_by = tokio::time::Instant::now() + settings.stop_timeout;
+    let _ = tokio::time::timeout_at(finish_by, &mut serving_task).await;
+    let _ = tokio::time::timeout_at(finish_by, client.drain()).await;
     let status = process.terminate(settings.stop_timeout).await;
     dead.cancel();
     let _ = logs.await;

@@ -4,10 +4,12 @@
 //!
 //! Layout: [`manager`] (one `supervise_task` per worker slot), [`worker_process`] (one child process:
 //! spawn with a cleaned environment and a fresh nonce, stop), [`logs`] (its stderr into our log),
-//! [`backoff`] (restart delays, crash loops), [`runtime_dir`] (this instance's private socket
-//! directory and the record `layad reload` finds it by), [`nonce`] (fresh random identifiers).
+//! [`backoff`] (restart delays, crash loops), [`cpu_quota`] (threads per worker under a container's
+//! CPU limit), [`runtime_dir`] (this instance's private socket directory and the record `layad
+//! reload` finds it by), [`nonce`] (fresh random identifiers).
 
 pub mod backoff;
+pub mod cpu_quota;
 pub mod logs;
 pub mod manager;
 pub mod nonce;
@@ -298,6 +300,7 @@ impl Workers {
                 .map(|(name, c)| (name, c.location.dir.clone()))
                 .collect(),
         );
+        inner.settings.set_pools(loaded);
         inner.scheduler.set_scheduling(loaded.scheduling.clone());
         let mut retirements = Vec::new();
         {

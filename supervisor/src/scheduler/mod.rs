@@ -1,7 +1,8 @@
 //! The scheduler: places each job on a pool by its shape, spills it to another capable pool when it
-//! would finish strictly earlier there (expected start from its place in that pool's service order,
-//! plus its service estimate), refuses at once what no pool would finish before its deadline, and
-//! waits for the pool's answer. It alone decides a job's route and the reason given for it,
+//! would finish earlier there (expected start from its place in that pool's service order, plus its
+//! service estimate at the device's current speed) even when its preferred pool is idle, probes a
+//! slowed pool with a trickle of copies of jobs (answers not used) so that its recovery is seen, refuses at once what no pool
+//! would finish before its deadline for its backlog, and waits for the pool's answer. It alone decides a job's route and the reason given for it,
 //! including for a job an idle pool took over from another pool's queue.
 //!
 //! Placement is [`place`], a pure function of what each pool reports ([`PoolView`]), so every rule
@@ -41,6 +42,8 @@ pub struct Placement {
     pub spilled_from: Option<usize>,
     /// Other capable pools, best first, to try when the chosen one's queue is full.
     pub alternatives: Vec<usize>,
+    /// A slowed pool to run a copy of the job on as a probe (its answer is not used).
+    pub probe: Option<usize>,
 }
 
 fn ms(d: Duration) -> String {
@@ -56,11 +59,35 @@ fn describe_shape(shape: JobShape) -> String {
     format!("{questions} of up to {} tokens", shape.longest)
 }
 
+/// How much sooner another pool must be expected to finish a job than an idle preferred pool to take
+/// it: estimates of identical devices differ by a few percent from forward to forward, and a job
+/// should not move on that. A device at half its speed or slower is well past it.
+const TIE: f64 = 1.25;
+
+/// Whether `other` is expected to finish the job sooner than `preferred`, the pool it prefers.
+/// Against a busy preferred pool any earlier finish counts (it cannot start the job now). Against an
+/// idle one the other must finish it sooner by more than [`TIE`], and on estimates measured on both
+/// pools unless the preferred pool's device was measured slowed: warm-up timings taken while other
+/// workers warm up differ by 2× on a busy machine, and work would move on them.
+fn finishes_first(other: &PoolView, preferred: &PoolView) -> bool {
+    let (Some(theirs), Some(ours)) = (other.expected, preferred.expected) else {
+        return false;
+    };
+    if !preferred.idle {
+        return theirs < ours;
+    }
+    (preferred.slowed || (other.measured && preferred.measured)) && theirs.mul_f64(TIE) < ours
+}
+
 /// Chooses a pool for a job of `shape` among `views` (the pools serving its checkpoint, in
 /// configuration order), `time_left` before its deadline. The preferred pool is the most specialised
-/// capable one with a ready worker; with `spill`, when that pool cannot start the job at once, a
-/// capable pool where the job is expected to finish strictly earlier wins. When no pool it may go to
-/// is expected to finish it within `time_left`, it is refused ([`BackendError::TooLate`]).
+/// capable one with a ready worker. With `spill`, every job goes where it is expected to finish
+/// first ([`finishes_first`]: its start from its place in each pool's service order, plus its
+/// service estimate at the device's current speed), the preferred pool winning ties; and a pool
+/// whose device slowed runs a copy of a job now and then as a probe ([`PoolView::probe`],
+/// [`Placement::probe`]), since a pool that gets no work would never be measured recovering. When no pool it may go to is expected to
+/// finish it within `time_left`, it is refused ([`BackendError::TooLate`]), unless the pool where it
+/// would finish soonest is idle (then the estimate alone would refuse it, and nothing would correct it).
 pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Duration) -> Result<Placement, BackendError> {
     let mut capable: Vec<usize> = (0..views.len()).filter(|&i| views[i].holds.is_ok()).collect();
     if capable.is_empty() {
@@ -91,6 +118,7 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Durati
             ),
             spilled_from: None,
             alternatives: Vec::new(),
+            probe: None,
         });
     };
     let expected = |i: usize| views[i].expected.unwrap_or(Duration::MAX);
@@ -103,12 +131,23 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Durati
     let forward = |i: usize| views[i].holds.clone().map_err(BackendError::NoCapablePool);
 
     // Admission by deadline: the soonest it could finish where it may go. (Without a ready worker
-    // anywhere there is no estimate, and the job waits for one.)
-    let soonest = match others.first() {
-        Some(&best) if spill || preferred != most_specialised => expected(preferred).min(expected(best)),
-        _ => expected(preferred),
+    // anywhere there is no estimate, and the job waits for one.) Only a backlog refuses: where that
+    // pool is idle, the estimate alone says it would be late, and a refused job runs nowhere, so
+    // an estimate that is wrong would never be corrected. A reload storm beside builds
+    // (load average 6-8) once left an idle pool's estimate at 60.6 s against a 60 s timeout, and
+    // every request for nine minutes was refused while its forwards took milliseconds.
+    let may_go: &[usize] = if spill || preferred != most_specialised {
+        &others
+    } else {
+        &[]
     };
-    if soonest > time_left {
+    let soonest_pool = may_go
+        .first()
+        .copied()
+        .filter(|&best| expected(best) < expected(preferred))
+        .unwrap_or(preferred);
+    let soonest = expected(soonest_pool);
+    if soonest > time_left && !views[soonest_pool].idle {
         return Err(BackendError::TooLate {
             expected: soonest,
             late: soonest - time_left,
@@ -133,35 +172,55 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Durati
             ),
             spilled_from: None,
             alternatives: others,
+            probe: None,
         });
     }
     let view = &views[preferred];
-    // An idle preferred pool starts the job at once. Comparing two idle pools' estimates would move
-    // work on noise: warm-up timings taken while other workers warm differ by 2x on a busy machine.
+    // A slowed pool due a probe runs a copy of the job, whose answer is not used: the job itself goes
+    // where it finishes first, so the probe costs the request nothing.
+    let probe = if spill {
+        capable
+            .iter()
+            .copied()
+            .find(|&i| views[i].probe && views[i].ready > 0 && expected(i) <= time_left)
+    } else {
+        None
+    };
+    let probe_note = |chosen: usize| match probe.filter(|&p| p != chosen) {
+        Some(p) => format!(
+            "; a copy probes '{}', whose device runs at {:.1}× its normal time",
+            views[p].name, views[p].speed
+        ),
+        None => String::new(),
+    };
     if spill
-        && !view.idle
         && let Some(&best) = others.first()
-        && expected(best) < expected(preferred)
+        && finishes_first(&views[best], view)
     {
-        {
-            let mut alternatives: Vec<usize> = others.iter().copied().filter(|&i| i != best).collect();
-            alternatives.push(preferred);
-            return Ok(Placement {
-                pool: best,
-                forward: forward(best)?,
-                route: Route::Spilled,
-                reason: format!(
-                    "spilled from '{}' (expected to start in {} and finish in {}) to '{}' (finish in {})",
-                    view.name,
-                    ms(view.start.unwrap_or_default()),
-                    ms(expected(preferred)),
-                    views[best].name,
-                    ms(expected(best))
-                ),
-                spilled_from: Some(preferred),
-                alternatives,
-            });
-        }
+        let mut alternatives: Vec<usize> = others.iter().copied().filter(|&i| i != best).collect();
+        alternatives.push(preferred);
+        let slowed = if view.speed > 1.0 {
+            format!(", its device at {:.1}× its normal time", view.speed)
+        } else {
+            String::new()
+        };
+        return Ok(Placement {
+            pool: best,
+            forward: forward(best)?,
+            route: Route::Spilled,
+            reason: format!(
+                "spilled from '{}' (expected to start in {} and finish in {}{slowed}) to '{}' (finish in {}){}",
+                view.name,
+                ms(view.start.unwrap_or_default()),
+                ms(expected(preferred)),
+                views[best].name,
+                ms(expected(best)),
+                probe_note(best)
+            ),
+            spilled_from: Some(preferred),
+            alternatives,
+            probe: probe.filter(|&p| p != best),
+        });
     }
     let reason = if capable.len() == 1 {
         format!("'{}' is the only pool that holds {}", view.name, describe_shape(shape))
@@ -178,9 +237,10 @@ pub fn place(views: &[PoolView], shape: JobShape, spill: bool, time_left: Durati
         pool: preferred,
         forward: forward(preferred)?,
         route: Route::Preferred,
-        reason,
+        reason: reason + &probe_note(preferred),
         spilled_from: None,
         alternatives: if spill { others } else { Vec::new() },
+        probe: probe.filter(|&p| p != preferred),
     })
 }
 
@@ -264,6 +324,23 @@ impl Scheduler {
             .iter()
             .map(|p| p.view(job.checkpoint, shape, &policy, job.deadline))
             .collect();
+        // Waiting for a worker that will never start would end in a 503 telling the client to
+        // retry, forever: refuse at once, naming why.
+        if views.iter().all(|v| v.ready == 0 && v.unavailable.is_some()) {
+            return Err(BackendError::CheckpointRefused {
+                checkpoint: job.checkpoint,
+                reasons: views
+                    .iter()
+                    .map(|v| {
+                        format!(
+                            "pool '{}' is unavailable ({})",
+                            v.name,
+                            v.unavailable.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect(),
+            });
+        }
         let time_left = job.deadline.saturating_duration_since(Instant::now());
         let placement = place(&views, shape, settings.spill, time_left)?;
         let mut answer = None;
@@ -275,7 +352,7 @@ impl Scheduler {
             let Ok(forward) = views[i].holds.clone() else { continue };
             // A full queue sends the job on to the next capable pool, and says so.
             let route = if attempt == 0 { placement.route } else { Route::Spilled };
-            match serving[i].enqueue(job.clone(), forward, route, &policy) {
+            match serving[i].enqueue(job.clone(), forward, Some(route), &policy) {
                 Ok(receiver) => {
                     answer = Some((i, attempt, receiver));
                     break;
@@ -311,6 +388,16 @@ impl Scheduler {
         if route == Route::Spilled {
             let from = placement.spilled_from.unwrap_or(placement.pool);
             serving[from].count_spilled_out();
+        }
+        if let Some(p) = placement.probe.filter(|&p| p != chosen)
+            && let Ok(forward) = views[p].holds.clone()
+            && let Ok(probe) = serving[p].enqueue(job.clone(), forward, None, &policy)
+        {
+            // Kept waiting for, so that the copy is not withdrawn as abandoned before it runs; the
+            // pool learns its device time, the answer goes nowhere.
+            tokio::spawn(async move {
+                let _ = probe.await;
+            });
         }
         match receiver.await {
             Ok(answer) => answer.map(|answer| {

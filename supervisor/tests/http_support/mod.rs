@@ -17,9 +17,11 @@ use layad::backend::{Backend, BackendError, Job, JobOutput, PoolAnswer, Route};
 use layad::checkpoints::Checkpoints;
 use layad::pool::capabilities::Capabilities;
 use layad::status::{
-    BackendStatus, ClassWaits, JobClass, LoadedCheckpoint, PoolStatus, RouteCounts, WorkerState, WorkerStatus,
+    BackendStatus, ClassWaits, JobClass, LoadedCheckpoint, PoolStatus, RouteCounts, SpeedStatus, WorkerState,
+    WorkerStatus,
 };
 use layad_config::{Config, PoolConfig};
+use layad_proto::EngineFacts;
 use layad_system_tests::goldens::{fixture_json, fixtures_dir};
 pub use layad_system_tests::http::{Framing, Request, Response, send};
 use serde_json::Value;
@@ -178,9 +180,11 @@ impl Backend for GoldenBackend {
             stderr_tail: vec!["worker: bye".into()],
             warmup: Vec::new(),
             parity_gate: Vec::new(),
-            cpu_kernels: ready.then(|| "avx2".to_owned()),
-            gpu: None,
-            device_fallback: ready.then(|| "cuda:0 unavailable (no CUDA device); running on cpu".to_owned()),
+            engine: EngineFacts {
+                cpu_kernels: ready.then(|| "avx2".to_owned()),
+                device_fallback: ready.then(|| "cuda:0 unavailable (no CUDA device); running on cpu".to_owned()),
+                ..EngineFacts::default()
+            },
             unloads: 0,
             last_reload_ms: None,
         };
@@ -200,6 +204,7 @@ impl Backend for GoldenBackend {
                 backlog: Duration::from_millis(3),
                 routed: RouteCounts::default(),
                 spilled_out: 0,
+                probes: 0,
                 batches: (0, 0),
                 taken: (2, 0),
                 waits: vec![ClassWaits {
@@ -210,6 +215,13 @@ impl Backend for GoldenBackend {
                     p99: Duration::from_millis(12),
                     max: Duration::from_millis(12),
                 }],
+                speed: SpeedStatus {
+                    factor: 4.0,
+                    since: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000)),
+                    why: Some("the last 2 forwards took 4.1× and 3.9× their normal time".to_owned()),
+                    changes: 1,
+                    slowed: true,
+                },
                 workers: vec![worker],
             }],
         }

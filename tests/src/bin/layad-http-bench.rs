@@ -6,8 +6,8 @@
 //! per-pair ratio; answers/s at 1–8 clients) and writes JSON with the CPU model and flags. Results
 //! and commands are in docs/benchmarks.md.
 //!
-//! Shapes: 1 question of ~64 tokens, 1 question of `max_len` (512) tokens, 3 questions of ~58 tokens
-//! each (~174 in the batch). Every shape's answers are compared first: layad's with upstream's
+//! Shapes: 1 question of ~64 tokens, of ~256 (`medium`) and of `max_len` (512) tokens, 3 questions of
+//! ~58 tokens each (~174 in the batch). Every shape's answers are compared first: layad's with upstream's
 //! exactly as before (same structure, largest number difference), and every server's probabilities
 //! (`noul`, `probabilities`, `act_probability`) with upstream's, as max |Δp| and hard mismatches.
 
@@ -35,8 +35,8 @@ struct Args {
     /// have stopped, as `layad-bench --gap-ms` does between engines.
     #[arg(long, default_value_t = 300)]
     gap_ms: u64,
-    /// Shapes to time: short (1 question, ~64 tokens), long (1 question, max_len tokens), three
-    /// (3 questions, ~174 tokens).
+    /// Shapes to time: short (1 question, ~64 tokens), medium (1 question, ~256 tokens), long
+    /// (1 question, max_len tokens), three (3 questions, ~174 tokens).
     #[arg(long, value_delimiter = ',', default_value = "short,long,three")]
     shapes: Vec<String>,
     /// Seconds per server and concurrency level, run twice per server (A/B/B/A).
@@ -417,6 +417,49 @@ fn cpu() -> (String, Vec<String>) {
     (field("model name").unwrap_or_else(|| "unknown".into()), present)
 }
 
+/// Resident memory of `pid` and every process below it, from /proc (Linux): `VmRSS` now and the sum
+/// of each process's `VmHWM` (its own peak), in MiB. Null where /proc cannot be read.
+fn tree_memory(pid: u32) -> Value {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Value::Null;
+    };
+    // Parent of every process: the field after the command name (in parentheses, may hold spaces).
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let after = stat.rsplit_once(')')?.1;
+            Some((p, after.split_whitespace().nth(1)?.parse().ok()?))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    let kib = |status: &str, key: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let (mut rss, mut peak, mut counted) = (0.0, 0.0, 0);
+    for p in &tree {
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{p}/status")) {
+            rss += kib(&status, "VmRSS:");
+            peak += kib(&status, "VmHWM:");
+            counted += 1;
+        }
+    }
+    if counted == 0 {
+        return Value::Null;
+    }
+    json!({"rss_mib": rss / 1024.0, "peak_rss_mib": peak / 1024.0, "processes": counted})
+}
+
 fn median(values: &[f64]) -> f64 {
     percentile(values, 0.5).unwrap_or(f64::NAN)
 }
@@ -509,9 +552,14 @@ async fn run(args: Args) -> Result<(), String> {
     for name in &args.shapes {
         let shape = match name.as_str() {
             "short" => self::shape(layad.addr, "short", 1, 64).await?,
+            "medium" => self::shape(layad.addr, "medium", 1, 256).await?,
             "long" => self::shape(layad.addr, "long", 1, 512).await?,
             "three" => self::shape(layad.addr, "three", 3, 58).await?,
-            other => return Err(format!("unknown shape '{other}'; expected short, long or three")),
+            other => {
+                return Err(format!(
+                    "unknown shape '{other}'; expected short, medium, long or three"
+                ));
+            }
         };
         shapes.push(shape);
     }
@@ -654,25 +702,31 @@ async fn run(args: Args) -> Result<(), String> {
         for &clients in &args.concurrency {
             // A/B/B/A: each server runs twice, the halves mirrored around the middle.
             let (mut ours, mut theirs) = ((0usize, 0f64, 0usize), (0usize, 0f64, 0usize));
-            let add = |total: &mut (usize, f64, usize), run: (usize, f64, usize)| {
+            // Each run kept as (answers, seconds, errors), so a reader sees the spread of the halves.
+            let (mut our_runs, mut their_runs) = (Vec::new(), Vec::new());
+            let add = |total: &mut (usize, f64, usize), runs: &mut Vec<Value>, run: (usize, f64, usize)| {
                 total.0 += run.0;
                 total.1 += run.1;
                 total.2 += run.2;
+                runs.push(json!({"answers": run.0, "seconds": run.1, "errors": run.2}));
             };
             add(
                 &mut ours,
+                &mut our_runs,
                 throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
             );
             if let Some((_, addr)) = &peer {
                 for _ in 0..2 {
                     add(
                         &mut theirs,
+                        &mut their_runs,
                         throughput(*addr, Arc::clone(&short), clients, args.seconds).await,
                     );
                 }
             }
             add(
                 &mut ours,
+                &mut our_runs,
                 throughput(layad.addr, Arc::clone(&short), clients, args.seconds).await,
             );
             let our_rate = ours.0 as f64 / ours.1;
@@ -688,9 +742,18 @@ async fn run(args: Args) -> Result<(), String> {
             throughput_rows.push(json!({
                 "clients": clients, "layad_answers_per_s": our_rate, "peer_answers_per_s": their_rate,
                 "ratio": ratio, "layad_errors": ours.2, "peer_errors": theirs.2,
+                "layad_runs": our_runs, "peer_runs": their_runs,
             }));
         }
     }
+    // Resident memory of each server's process tree after the timed load (the peak over the run,
+    // and now), the supervisor and its worker together for layad.
+    let memory = json!({
+        "layad": tree_memory(layad.pid()),
+        "upstream": upstream.as_ref().map(|(child, _)| tree_memory(child.0.id())),
+        "edgejev": edgejev.as_ref().map(|(child, _)| tree_memory(child.0.id())),
+    });
+    println!("resident memory: {memory}");
     let load_after = load_average();
     println!("load average after: {load_after:?}");
     let report = json!({
@@ -705,6 +768,7 @@ async fn run(args: Args) -> Result<(), String> {
         "answer_parity": parity,
         "latency": latency_rows,
         "throughput": throughput_rows,
+        "resident_memory": memory,
     });
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

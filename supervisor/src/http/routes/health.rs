@@ -8,13 +8,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use laya::routing::CheckpointName;
-use serde_json::{Map, Value, json};
-
+use layad_proto::EngineFacts;
 use layad_proto::pb::CheckpointParity;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
 
 use crate::http::app::App;
 use crate::http::response::json_response;
-use crate::status::{BackendStatus, ClassWaits, PoolStatus, WorkerState, WorkerStatus};
+use crate::status::{BackendStatus, ClassWaits, PoolStatus, SpeedStatus, WorkerState, WorkerStatus};
 
 /// `GET /livez`: 200 while the process can answer HTTP.
 pub async fn livez() -> Response {
@@ -59,42 +60,62 @@ fn overall(status: &BackendStatus, missing: &[CheckpointName]) -> &'static str {
     }
 }
 
-fn worker_json(worker: &WorkerStatus) -> Value {
-    let checkpoints: Vec<Value> = worker
-        .checkpoints
-        .iter()
-        .map(|c| json!({"name": c.name.as_str(), "revision": c.revision, "sha256": c.sha256}))
-        .collect();
-    let warmup: Vec<Value> = worker
-        .warmup
-        .iter()
-        .map(|w| {
-            json!({"checkpoint": w.checkpoint, "shape": w.shape, "rows": w.rows,
-                   "tokens_per_row": w.tokens_per_row, "steady_ms": w.steady_ms})
-        })
-        .collect();
-    json!({
-        "id": worker.id,
-        "pid": worker.pid,
-        "state": worker.state.as_str(),
-        "device": worker.device,
-        "dtype": worker.dtype,
-        "cpu_kernels": worker.cpu_kernels,
-        "gpu": worker.gpu.as_ref().map(|g| json!({"name": g.name, "total_memory_bytes": g.total_memory_bytes,
-                                                  "compute_capability": g.compute_capability, "tf32": g.tf32})),
-        "device_fallback": worker.device_fallback,
-        "checkpoints": checkpoints,
-        "restarts": worker.restarts,
-        "last_exit": worker.last_exit,
-        "last_error": worker.last_error,
-        "stderr_tail": worker.stderr_tail,
-        "warmup": warmup,
-        "parity_gate": worker.parity_gate.iter().map(parity_json).collect::<Vec<_>>(),
-        // Idle unload: a worker "unloaded" holds no checkpoint in memory (`checkpoints` says what
-        // it loads again); `last_reload_ms` is what waking it cost the request that did.
-        "unloads": worker.unloads,
-        "last_reload_ms": worker.last_reload_ms,
-    })
+/// One worker's record in `/health`. The engine's facts are flattened: each field of
+/// [`EngineFacts`] appears under its own name after `dtype`, as the engine filled it, so a fact an
+/// engine adds reaches this record without a line here.
+#[derive(Serialize)]
+struct WorkerRecord<'a> {
+    id: &'a str,
+    pid: Option<u32>,
+    state: &'static str,
+    device: Option<&'a str>,
+    dtype: Option<&'a str>,
+    #[serde(flatten)]
+    engine: &'a EngineFacts,
+    checkpoints: Vec<Value>,
+    restarts: u64,
+    last_exit: Option<&'a str>,
+    last_error: Option<&'a str>,
+    stderr_tail: &'a [String],
+    warmup: Vec<Value>,
+    parity_gate: Vec<Value>,
+    // Idle unload: a worker "unloaded" holds no checkpoint in memory (`checkpoints` says what it
+    // loads again); `last_reload_ms` is what waking it cost the request that did.
+    unloads: u64,
+    last_reload_ms: Option<f64>,
+}
+
+impl<'a> From<&'a WorkerStatus> for WorkerRecord<'a> {
+    fn from(worker: &'a WorkerStatus) -> Self {
+        WorkerRecord {
+            id: &worker.id,
+            pid: worker.pid,
+            state: worker.state.as_str(),
+            device: worker.device.as_deref(),
+            dtype: worker.dtype.as_deref(),
+            engine: &worker.engine,
+            checkpoints: worker
+                .checkpoints
+                .iter()
+                .map(|c| json!({"name": c.name.as_str(), "revision": c.revision, "sha256": c.sha256}))
+                .collect(),
+            restarts: worker.restarts,
+            last_exit: worker.last_exit.as_deref(),
+            last_error: worker.last_error.as_deref(),
+            stderr_tail: &worker.stderr_tail,
+            warmup: worker
+                .warmup
+                .iter()
+                .map(|w| {
+                    json!({"checkpoint": w.checkpoint, "shape": w.shape, "rows": w.rows,
+                           "tokens_per_row": w.tokens_per_row, "steady_ms": w.steady_ms})
+                })
+                .collect(),
+            parity_gate: worker.parity_gate.iter().map(parity_json).collect(),
+            unloads: worker.unloads,
+            last_reload_ms: worker.last_reload_ms,
+        }
+    }
 }
 
 /// How a worker's converted graphs agreed with upstream before it became ready.
@@ -133,6 +154,22 @@ fn waits_json(waits: &[ClassWaits]) -> Value {
     Value::Object(classes)
 }
 
+/// The device's speed as the scheduler estimates it: the factor (measured over normal device time),
+/// whether it counts as slowed, and when and why it last changed.
+fn speed_json(speed: &SpeedStatus) -> Value {
+    let since = speed
+        .since
+        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3);
+    json!({
+        "factor": (speed.factor * 1e3).round() / 1e3,
+        "slowed": speed.slowed,
+        "since_unix": since,
+        "why": speed.why,
+        "changes": speed.changes,
+    })
+}
+
 fn pool_json(pool: &PoolStatus) -> Value {
     let checkpoints: Vec<&str> = pool.checkpoints.iter().map(|c| c.as_str()).collect();
     json!({
@@ -159,12 +196,14 @@ fn pool_json(pool: &PoolStatus) -> Value {
             "spilled_in": pool.routed.spilled,
             "fallback": pool.routed.fallback,
             "spilled_out": pool.spilled_out,
+            "probes": pool.probes,
             "taken_from_others": pool.taken.0,
             "taken_by_others": pool.taken.1,
         },
         "batches": {"forwards": pool.batches.0, "jobs": pool.batches.1},
         "queue_wait_ms": waits_json(&pool.waits),
-        "workers": pool.workers.iter().map(worker_json).collect::<Vec<_>>(),
+        "speed": speed_json(&pool.speed),
+        "workers": pool.workers.iter().map(WorkerRecord::from).collect::<Vec<_>>(),
     })
 }
 
@@ -173,7 +212,7 @@ fn pool_json(pool: &PoolStatus) -> Value {
 /// 0.4.x, a server that requires a key tells a caller without it only `{"status":"ok"}`: the
 /// rest names checkpoints, revisions and the host's devices.
 pub async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if app.decisions.upstream().is_0_4() && app.admission.authorize(&headers).is_err() {
+    if app.decisions.upstream().differences().health_brief_without_key && app.admission.authorize(&headers).is_err() {
         return json_response(StatusCode::OK, &json!({"status": "ok"}));
     }
     let status = app.backend.status();

@@ -38,7 +38,7 @@ const ROUTES: [&str; 6] = [SYSTEMONE, MODELS, HEALTH, LIVEZ, READYZ, METRICS];
 /// names a route (the `Location` is absolute, built from the `Host` header as Starlette does).
 pub async fn not_found(State(app): State<Arc<App>>, request: Request) -> Response {
     let path = request.uri().path();
-    let batch = app.decisions.upstream().is_0_4();
+    let batch = app.decisions.upstream().differences().batch_route;
     let Some(trimmed) = path
         .strip_suffix('/')
         .filter(|p| ROUTES.contains(p) || (batch && *p == BATCH))

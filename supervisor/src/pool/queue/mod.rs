@@ -22,6 +22,12 @@ use crate::pool::order::{QueuePolicy, Timeline};
 use crate::pool::waits::WaitLog;
 use crate::status::{RouteCounts, WorkerStatus};
 
+/// Longest gap between two probes of a slowed pool, however long its estimate: the estimate may be
+/// what is wrong (two forwards delayed by a busy machine can set a speed factor in the thousands),
+/// and the probe is what corrects it; a probe of a pool that really is that slow only runs while
+/// it is idle, so it takes no work from it.
+pub const PROBE_MAX_GAP: Duration = Duration::from_secs(2);
+
 /// Most padding a batch may add, as a share of the tokens its jobs would run alone.
 const MAX_PADDING: f64 = 0.25;
 
@@ -90,12 +96,16 @@ pub struct State {
     pub routed: RouteCounts,
     /// Jobs that preferred this pool but went elsewhere.
     pub spilled_out: u64,
+    /// Copies of jobs run here as probes of a slowed device (their answers not used).
+    pub probes: u64,
     /// Forwards that carried more than one job, and the jobs they carried.
     pub batches: (u64, u64),
     /// Jobs this pool's workers took from other pools' queues, and jobs others took from this one.
     pub taken: (u64, u64),
     /// Queue waits per job class.
     pub waits: WaitLog,
+    /// When a worker of the pool last started a forward (a slowed pool is probed after a pause).
+    pub last_start: Option<Instant>,
     /// The next arrival number.
     next_seq: u64,
 }
@@ -122,12 +132,13 @@ pub fn forward_of(batch: &[Entry]) -> ForwardShape {
 }
 
 impl State {
-    /// Queues `job` in `policy`'s order, or refuses it when `capacity` jobs already wait.
+    /// Queues `job` placed by `route` (`None`: a probe's copy) in `policy`'s order, or refuses it when
+    /// `capacity` jobs already wait.
     pub fn push(
         &mut self,
         job: Job,
         forward: ForwardShape,
-        route: Route,
+        route: Option<Route>,
         capacity: usize,
         policy: &QueuePolicy,
     ) -> Result<Answer, BackendError> {
@@ -139,9 +150,10 @@ impl State {
         let (reply, receiver) = oneshot::channel();
         let estimate = self.model.estimate(job.checkpoint, forward);
         match route {
-            Route::Preferred => self.routed.preferred += 1,
-            Route::Spilled => self.routed.spilled += 1,
-            Route::Fallback => self.routed.fallback += 1,
+            Some(Route::Preferred) => self.routed.preferred += 1,
+            Some(Route::Spilled) => self.routed.spilled += 1,
+            Some(Route::Fallback) => self.routed.fallback += 1,
+            None => self.probes += 1,
         }
         let enqueued = Instant::now();
         let priority = policy.priority(enqueued, estimate, job.deadline);
@@ -202,6 +214,24 @@ impl State {
             timeline.book(q.estimate);
         }
         Some(timeline.next_start())
+    }
+
+    /// Whether a slowed device is due a probe: a copy of a job another pool answers (or that every
+    /// pool refused), run here so that its recovery is measured. Only when it would start at once (a
+    /// probe never waits behind other work), and then once its last forward started more than twice
+    /// the probe's expected time or `every` ago, whichever is longer (the probes take at most about a
+    /// third of the device) but never more than [`PROBE_MAX_GAP`] ago, or at once while a change of
+    /// speed awaits confirmation (a slowdown or a recovery is confirmed by the very next forward).
+    pub fn probe_due(&self, start: Option<Duration>, service: Duration, every: Duration, now: Instant) -> bool {
+        let suspect = self.model.speed().slowed() || self.model.change_pending();
+        if !suspect || start != Some(Duration::ZERO) {
+            return false;
+        }
+        let gap = every.max(2 * service).min(PROBE_MAX_GAP);
+        self.model.change_pending()
+            || self
+                .last_start
+                .is_none_or(|last| now.saturating_duration_since(last) >= gap)
     }
 
     /// Forgets queued jobs nobody waits for any more: the client went away or its deadline passed
@@ -282,6 +312,7 @@ impl State {
     /// Records that `worker` starts `batch`: in flight, its expected time, its waits.
     pub fn begin(&mut self, worker: usize, batch: &[Entry]) {
         let now = Instant::now();
+        self.last_start = Some(now);
         let forward = forward_of(batch);
         if let Some(first) = batch.first() {
             let estimate = self.model.estimate(first.job.checkpoint, forward);

@@ -93,7 +93,7 @@ fn queue(state: &mut State, order: QueueOrder, jobs: &[(CheckpointName, &[usize]
             let job = job(*checkpoint, lengths);
             let forward = forward(&job);
             state
-                .push(job, forward, Route::Preferred, 100, &policy(order))
+                .push(job, forward, Some(Route::Preferred), 100, &policy(order))
                 .expect("queued")
         })
         .collect()
@@ -109,7 +109,7 @@ fn measured(_: CheckpointName, _: ForwardShape) -> bool {
 fn measure(state: &mut State, rows: usize) {
     let shape = ForwardShape { rows, padded_len: 64 };
     let expected = state.model.estimate(ENGLISH, shape);
-    state.model.observe(ENGLISH, shape, expected);
+    state.model.observe(ENGLISH, shape, expected, Instant::now());
 }
 
 fn ids(entries: &[Entry]) -> Vec<&str> {
@@ -200,20 +200,24 @@ fn a_full_queue_refuses_with_the_backlog_as_retry_after_and_withdrawn_jobs_leave
     let forward = forward(&job);
     let policy = policy(QueueOrder::ShortestFirst);
     let kept = state
-        .push(job.clone(), forward, Route::Preferred, 2, &policy)
+        .push(job.clone(), forward, Some(Route::Preferred), 2, &policy)
         .expect("queued");
-    let withdrawn = state
-        .push(job.clone(), forward, Route::Spilled, 2, &policy)
-        .expect("queued");
-    match state.push(job, forward, Route::Fallback, 2, &policy) {
+    let withdrawn = state.push(job.clone(), forward, None, 2, &policy).expect("queued");
+    match state.push(job, forward, Some(Route::Fallback), 2, &policy) {
         Err(BackendError::Overloaded { retry_after }) => {
             assert!(retry_after > Duration::from_millis(19_900) && retry_after <= Duration::from_secs(20));
         }
         other => panic!("expected Overloaded, got {other:?}"),
     }
+    // The second is a probe's copy: counted apart from the routes.
     assert_eq!(
-        (state.routed.preferred, state.routed.spilled, state.routed.fallback),
-        (1, 1, 0)
+        (
+            state.routed.preferred,
+            state.routed.spilled,
+            state.routed.fallback,
+            state.probes
+        ),
+        (1, 0, 0, 1)
     );
     drop(withdrawn);
     state.drop_abandoned();
@@ -492,7 +496,9 @@ fn an_untried_batch_size_is_tried_once_then_its_measured_time_decides() {
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
         .expect("a batch");
     assert_eq!(batch.len(), 2, "the 2-row size is tried, not a third row besides");
-    state.model.observe(ENGLISH, forward_of(&batch), 128 * MS);
+    state
+        .model
+        .observe(ENGLISH, forward_of(&batch), 128 * MS, Instant::now());
     state.running.clear();
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
@@ -535,4 +541,78 @@ fn joining_a_batch_weighs_the_members_delay_against_the_time_saved() {
     assert!(!joins_batch(30 * MS, 20 * MS, 1, 1000.0));
     // Free rows always join.
     assert!(joins_batch(Duration::ZERO, 20 * MS, 63, 0.0));
+}
+
+/// One worker that has measured a one-row 64-token forward: the state, that shape, its estimate.
+fn one_row_measured() -> (State, ForwardShape, Duration) {
+    let mut state = state(1.0, 1);
+    let shape = ForwardShape {
+        rows: 1,
+        padded_len: 64,
+    };
+    measure(&mut state, 1);
+    let normal = state.model.estimate(ENGLISH, shape);
+    (state, shape, normal)
+}
+
+#[test]
+fn a_slowed_pool_is_due_a_probe_only_while_idle_and_after_a_pause_or_to_confirm_a_recovery() {
+    use crate::pool::estimate::CONFIRM;
+    let (mut state, shape, normal) = one_row_measured();
+    let (t0, every, now) = (Instant::now(), 250 * MS, Some(Duration::ZERO));
+    assert!(
+        !state.probe_due(now, normal, every, t0),
+        "a pool at its normal speed is no probe"
+    );
+    // One slow forward: the next job's copy confirms it, the job itself expects the slow speed.
+    state.model.observe(ENGLISH, shape, normal * 4, t0);
+    assert!(state.probe_due(now, normal, every, t0) && !state.model.speed().slowed());
+    assert_eq!(state.model.estimate(ENGLISH, shape), normal * 4);
+    for _ in 1..CONFIRM {
+        state.model.observe(ENGLISH, shape, normal * 4, t0);
+    }
+    assert!(state.model.speed().slowed());
+    let slow = state.model.estimate(ENGLISH, shape);
+    assert_eq!(slow, normal * 4);
+    // Never started a forward: due at once.
+    assert!(state.probe_due(now, slow, every, t0));
+    // 256 ms a forward: the pause is twice that, longer than `every`.
+    state.last_start = Some(t0);
+    let pause = 2 * slow;
+    assert!(!state.probe_due(now, slow, every, t0 + pause - MS));
+    assert!(state.probe_due(now, slow, every, t0 + pause));
+    assert!(
+        !state.probe_due(Some(MS), slow, every, t0 + pause),
+        "a busy pool is not probed"
+    );
+    // One forward at the normal speed again: the next job confirms it, whatever the pause.
+    state.model.observe(ENGLISH, shape, normal, t0);
+    assert!(state.probe_due(now, slow, every, t0));
+}
+
+#[test]
+fn a_pool_whose_estimate_says_minutes_is_probed_every_few_seconds_and_recovers() {
+    use crate::pool::estimate::CONFIRM;
+    use crate::pool::queue::PROBE_MAX_GAP;
+    let (mut state, shape, normal) = one_row_measured();
+    let (t0, every, now) = (Instant::now(), 250 * MS, Some(Duration::ZERO));
+    // Two forwards delayed by a busy machine, thousands of times their normal time.
+    let factor = (60.0 / normal.as_secs_f64()).max(1000.0);
+    for _ in 0..CONFIRM {
+        state.model.observe(ENGLISH, shape, normal.mul_f64(factor), t0);
+    }
+    let inflated = state.model.estimate(ENGLISH, shape);
+    assert!(inflated >= Duration::from_secs(60), "{inflated:?}");
+    // Twice the estimate would be two minutes; the gap is capped.
+    state.last_start = Some(t0);
+    assert!(!state.probe_due(now, inflated, every, t0 + PROBE_MAX_GAP - MS));
+    assert!(state.probe_due(now, inflated, every, t0 + PROBE_MAX_GAP));
+    // The probes run at the normal speed: the first asks for the next at once, the next confirms.
+    state.model.observe(ENGLISH, shape, normal, t0);
+    assert!(state.probe_due(now, inflated, every, t0));
+    for _ in 1..CONFIRM {
+        state.model.observe(ENGLISH, shape, normal, t0);
+    }
+    assert!(!state.model.speed().slowed());
+    assert_eq!(state.model.estimate(ENGLISH, shape), normal);
 }

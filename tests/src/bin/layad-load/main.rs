@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use layad_system_tests::{addr_of_url, load_average, percentile, post_json, server_timing, wait_until_ready};
 use serde_json::{Value, json};
 
@@ -43,30 +43,6 @@ enum Command {
     Replay(replay::ReplayArgs),
 }
 
-/// What every measuring command needs to build the same requests.
-#[derive(clap::Args)]
-struct Target {
-    /// Base URL of the server (plain http).
-    #[arg(long, default_value = "http://127.0.0.1:8642")]
-    url: String,
-    /// Seed of the arrivals, the class draws and the request bodies.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Distinct bodies per class (each is calibrated and answered once before timing).
-    #[arg(long, default_value_t = 6)]
-    variants: usize,
-    /// Bodies and reference answers: loaded if the file exists, else made here and saved, so
-    /// several configurations are sent identical requests and judged against the same answers.
-    #[arg(long)]
-    reference: Option<PathBuf>,
-    /// Seconds to wait for /readyz before giving up.
-    #[arg(long, default_value_t = 120)]
-    ready_timeout_s: u64,
-    /// Per-request timeout in seconds (a request past it is recorded as an error).
-    #[arg(long, default_value_t = 120)]
-    request_timeout_s: u64,
-}
-
 #[derive(clap::Args)]
 struct RunArgs {
     #[command(flatten)]
@@ -86,6 +62,10 @@ struct RunArgs {
     /// Configuration name shown in tables and plots (default: the output file's stem).
     #[arg(long)]
     label: Option<String>,
+    /// Send only requests of this class (short-1q, medium-1q, long-1q, short-4q) at the same
+    /// arrival times, instead of the mix (the slow-device benchmark sends short questions only).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -103,42 +83,15 @@ struct CapacityArgs {
     out: Option<PathBuf>,
 }
 
-#[derive(clap::Args)]
-struct PlotArgs {
-    /// Where the SVG goes.
-    #[arg(long, default_value = "docs/scheduling.svg")]
-    out: PathBuf,
-    /// Title of the figure.
-    #[arg(long, default_value = "layad scheduling benchmark: latency by request class")]
-    title: String,
-    /// `layad-load run` result files.
-    #[arg(required = true)]
-    results: Vec<PathBuf>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Arrivals {
-    /// Poisson arrivals with mean rate R.
-    Poisson,
-    /// Cycles of 1 s of Poisson arrivals at 3R then 2 s idle (mean R).
-    Bursty,
-}
-
-impl Arrivals {
-    fn name(self) -> &'static str {
-        match self {
-            Arrivals::Poisson => "poisson",
-            Arrivals::Bursty => "bursty",
-        }
-    }
-}
-
 mod compare;
 mod plot;
 mod replay;
 mod workload;
 
-use workload::{BodySpec, Class, SplitMix64, answer_values, arrivals, body_index, drift, workload, write_file};
+use plot::{PlotArgs, counts, ms, share};
+use workload::{
+    Arrivals, BodySpec, Class, SplitMix64, Target, answer_values, arrivals, body_index, drift, workload, write_file,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Sending.
@@ -379,31 +332,6 @@ fn summarize(name: &str, records: &[&Record], any_diagnostics: bool) -> Value {
     })
 }
 
-fn ms(v: &Value) -> String {
-    v.as_f64().map_or("-".to_owned(), |x| {
-        if x >= 100.0 {
-            format!("{x:.0}")
-        } else {
-            format!("{x:.1}")
-        }
-    })
-}
-
-fn share(v: &Value) -> String {
-    v.as_f64().map_or("null".to_owned(), |x| format!("{:.1}%", 100.0 * x))
-}
-
-fn counts(v: &Value) -> String {
-    match v.as_object() {
-        Some(map) if !map.is_empty() => map
-            .iter()
-            .map(|(k, n)| format!("{k}:{n}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => "-".to_owned(),
-    }
-}
-
 fn print_summary_table(rows: &[Value]) {
     println!(
         "{:<10} {:>6} {:>9} {:>9} {:>9} {:>7} {:>7}  pools",
@@ -437,15 +365,24 @@ async fn run(args: RunArgs) -> Result<(), String> {
     if !(args.rate > 0.0 && args.seconds > 0.0) {
         return Err("--rate and --seconds must be positive".into());
     }
+    let only = match &args.only {
+        Some(name) => Some(Class::parse(name).ok_or_else(|| format!("--only: no request class '{name}'"))?),
+        None => None,
+    };
     let (addr, bodies) = connect(&args.target).await?;
     let bodies = Arc::new(bodies);
-    let schedule = arrivals(
+    let mut schedule = arrivals(
         args.target.seed,
         args.rate,
         args.seconds,
         args.arrivals,
         args.target.variants,
     );
+    if let Some(class) = only {
+        for arrival in &mut schedule {
+            arrival.class = class;
+        }
+    }
     let label = args.label.clone().unwrap_or_else(|| {
         args.out
             .file_stem()
@@ -551,6 +488,7 @@ async fn run(args: RunArgs) -> Result<(), String> {
         "url": args.target.url,
         "arrivals": args.arrivals.name(),
         "rate": args.rate,
+        "only": args.only,
         "seconds": args.seconds,
         "seed": args.target.seed,
         "reference": args.target.reference.as_ref().map(|p| p.display().to_string()),

@@ -2,12 +2,49 @@
 //! SVG, no dependency) and the same numbers as a markdown table.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::workload::{Class, write_file};
-use crate::{PlotArgs, counts, ms, share};
+
+#[derive(clap::Args)]
+pub(crate) struct PlotArgs {
+    /// Where the SVG goes.
+    #[arg(long, default_value = "docs/scheduling.svg")]
+    pub(crate) out: PathBuf,
+    /// Title of the figure.
+    #[arg(long, default_value = "layad scheduling benchmark: latency by request class")]
+    pub(crate) title: String,
+    /// `layad-load run` result files.
+    #[arg(required = true)]
+    pub(crate) results: Vec<PathBuf>,
+}
+
+pub(crate) fn ms(v: &Value) -> String {
+    v.as_f64().map_or("-".to_owned(), |x| {
+        if x >= 100.0 {
+            format!("{x:.0}")
+        } else {
+            format!("{x:.1}")
+        }
+    })
+}
+
+pub(crate) fn share(v: &Value) -> String {
+    v.as_f64().map_or("null".to_owned(), |x| format!("{:.1}%", 100.0 * x))
+}
+
+pub(crate) fn counts(v: &Value) -> String {
+    match v.as_object() {
+        Some(map) if !map.is_empty() => map
+            .iter()
+            .map(|(k, n)| format!("{k}:{n}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => "-".to_owned(),
+    }
+}
 
 /// One run's numbers as the plot needs them.
 pub(crate) struct RunResult {

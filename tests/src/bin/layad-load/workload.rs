@@ -3,13 +3,53 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use layad_system_tests::post_json;
 use serde_json::{Map, Value, json};
 
-use crate::{Arrivals, Target};
+/// What every measuring command needs to build the same requests.
+#[derive(clap::Args)]
+pub(crate) struct Target {
+    /// Base URL of the server (plain http).
+    #[arg(long, default_value = "http://127.0.0.1:8642")]
+    pub(crate) url: String,
+    /// Seed of the arrivals, the class draws and the request bodies.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Distinct bodies per class (each is calibrated and answered once before timing).
+    #[arg(long, default_value_t = 6)]
+    pub(crate) variants: usize,
+    /// Bodies and reference answers: loaded if the file exists, else made here and saved, so
+    /// several configurations are sent identical requests and judged against the same answers.
+    #[arg(long)]
+    pub(crate) reference: Option<PathBuf>,
+    /// Seconds to wait for /readyz before giving up.
+    #[arg(long, default_value_t = 120)]
+    pub(crate) ready_timeout_s: u64,
+    /// Per-request timeout in seconds (a request past it is recorded as an error).
+    #[arg(long, default_value_t = 120)]
+    pub(crate) request_timeout_s: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Arrivals {
+    /// Poisson arrivals with mean rate R.
+    Poisson,
+    /// Cycles of 1 s of Poisson arrivals at 3R then 2 s idle (mean R).
+    Bursty,
+}
+
+impl Arrivals {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Arrivals::Poisson => "poisson",
+            Arrivals::Bursty => "bursty",
+        }
+    }
+}
 
 // Deterministic randomness: splitmix64, so a seed means the same sequence on every machine and
 // build without a dependency.

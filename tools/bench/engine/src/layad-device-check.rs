@@ -217,12 +217,12 @@ fn check(args: &Args) -> Result<(Value, bool), String> {
             }
         };
         let load_s = started.elapsed().as_secs_f64();
-        let info = engine.info();
+        let info = engine.describe();
         if let Some(reason) = engine.fallback() {
             return Err(format!("device {device} was not used: {reason}"));
         }
         let run = run_goldens(&mut engine, &cases, &opened)?;
-        let gate = engine.parity();
+        let gate = &info.parity;
         let ok = match precision {
             Precision::F32 => run.worst_logit <= F32_TOLERANCE && run.worst_act <= F32_TOLERANCE,
             _ => run.summary.failure().is_none() && !gate.is_empty(),
@@ -245,7 +245,7 @@ fn check(args: &Args) -> Result<(Value, bool), String> {
             "precision": precision.as_str(),
             "loaded": true,
             "device": info.device,
-            "gpu": engine.gpu().map(|g| json!({"name": g.name, "total_memory_bytes": g.total_memory_bytes,
+            "gpu": info.facts.gpu.as_ref().map(|g| json!({"name": g.name, "total_memory_bytes": g.total_memory_bytes,
                 "compute_capability": g.compute_capability.map(|(a, b)| format!("{a}.{b}")), "tf32": g.tf32})),
             "load_s": load_s,
             "rows": run.rows,

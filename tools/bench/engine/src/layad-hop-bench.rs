@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &[("bench".to_owned(), Location::from_path(&checkpoint_dir))],
         options.clone(),
     )?;
-    let info = engine.info();
+    let info = engine.describe();
     let vocab = info.checkpoints[0].vocab_size;
     let row = bench_row(args.tokens, vocab);
     let rows = std::slice::from_ref(&row);

@@ -284,7 +284,7 @@ impl ModelRun<'_> {
                 return Err(format!("--device {}: {reason}", self.device));
             }
             // int8 loaded only after its gate passed against f32; keep what the gate measured.
-            for gate in engine.parity() {
+            for gate in engine.describe().parity {
                 eprintln!(
                     "{} {precision} parity gate: {} rows, max |Δp| {:.5}, max |Δact p| {:.5}, hard mismatches {}",
                     spec.name,
@@ -302,7 +302,8 @@ impl ModelRun<'_> {
             }
             // int8 names its integer kernel and activations, as the gate's executor does.
             let int8_kernel = engine
-                .parity()
+                .describe()
+                .parity
                 .first()
                 .filter(|_| precision == Precision::Int8)
                 .and_then(|gate| gate.executor.strip_prefix("candle cpu int8 "))
