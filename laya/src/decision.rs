@@ -3,6 +3,8 @@
 //!
 //! The two halves are separate so the supervisor can schedule the forward pass in between.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use crate::answer::{answer_in, temperature_bucket};
@@ -44,8 +46,10 @@ pub struct PreparedDecision {
     pub routing: RoutingDecision,
     /// The validated questions, in request order.
     pub questions: Vec<Question>,
-    /// One row per question, same order. Empty when the request has no questions.
-    pub rows: Vec<Row>,
+    /// One row per question, same order. Empty when the request has no questions. Shared, not
+    /// copied, with the job that runs them: the token ids are copied once on their way to a
+    /// worker, into the forward's message (`supervisor/src/pool/worker_task.rs`).
+    pub rows: Arc<[Row]>,
     /// What building each row did (same order), for 0.4.x's `usage`.
     pub stats: Vec<RowStats>,
     /// The abstention threshold the request asked for (0.4.x).
@@ -146,7 +150,7 @@ pub fn prepare_routed<'a>(
     let mut prepared = PreparedDecision {
         routing,
         questions: Vec::new(),
-        rows: Vec::new(),
+        rows: Arc::new([]),
         stats: Vec::new(),
         min_confidence: request.controls.min_confidence.clone(),
         upstream,
@@ -175,7 +179,7 @@ pub fn prepare_routed<'a>(
             RequestError::inference_failed()
         }
     })?;
-    prepared.rows = built.rows;
+    prepared.rows = built.rows.into();
     prepared.stats = built.stats;
     Ok(prepared)
 }
@@ -213,7 +217,7 @@ pub fn respond_unprojected(
         return Err(RequestError::inference_failed());
     }
     let mut answers = Map::new();
-    for ((question, row), output) in prepared.questions.iter().zip(&prepared.rows).zip(outputs) {
+    for ((question, row), output) in prepared.questions.iter().zip(prepared.rows.iter()).zip(outputs) {
         if output.logits.len() != row.markers.len() {
             tracing::error!(question = %question.id, markers = row.markers.len(), logits = output.logits.len(), "logit count does not match the row");
             return Err(RequestError::inference_failed());

@@ -58,7 +58,7 @@ fn run_case(
             ..DecisionOptions::default()
         },
     )?;
-    let rows = prepared.rows.clone();
+    let rows = prepared.rows.to_vec();
     let golden_rows = case["rows"].as_array().expect("rows");
     let outputs: Vec<RowOutput> = golden_rows
         .iter()

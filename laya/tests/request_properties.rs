@@ -55,7 +55,7 @@ fn check(
         }
     };
     prop_assert_eq!(prepared.rows.len(), prepared.questions.len());
-    for row in &prepared.rows {
+    for row in prepared.rows.iter() {
         prop_assert!(!row.ids.is_empty());
         prop_assert!(!row.markers.is_empty(), "a row with no option markers");
         prop_assert!(

@@ -267,23 +267,26 @@ impl WorkerClient {
         Ok(self.inner.clone().describe(pb::DescribeRequest {}).await?.into_inner())
     }
 
-    /// Runs `rows` on `checkpoint` in one batch.
+    /// Runs `rows` on `checkpoint` in one batch (a copy of them: for warm-ups, tests and tools; the
+    /// request path hands its rows over with [`Self::forward_for`]).
     pub async fn forward(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<ForwardResult, ClientError> {
-        self.forward_for(checkpoint, rows, &[]).await
+        self.forward_for(checkpoint, rows.to_vec(), &[]).await
     }
 
     /// Runs `rows` on `checkpoint` in one batch for the jobs `request_ids` (in batch order), sent
     /// as [`REQUEST_ID_METADATA`] for the worker's log lines. An id that is not a valid metadata
     /// value (the supervisor's are visible ASCII) is left out rather than failing the forward.
+    /// The rows move into the message: their ids are not copied again before the socket.
     pub async fn forward_for(
         &self,
         checkpoint: &str,
-        rows: &[EngineRow],
+        rows: Vec<EngineRow>,
         request_ids: &[&str],
     ) -> Result<ForwardResult, ClientError> {
+        let sent = rows.len();
         let mut request = tonic::Request::new(pb::ForwardRequest {
             checkpoint: checkpoint.to_owned(),
-            rows: rows.iter().map(pb::Row::from).collect(),
+            rows: rows.into_iter().map(pb::Row::from).collect(),
         });
         for id in request_ids {
             if let Ok(value) = id.parse() {
@@ -291,11 +294,10 @@ impl WorkerClient {
             }
         }
         let reply = self.inner.clone().forward(request).await?.into_inner();
-        if reply.rows.len() != rows.len() {
+        if reply.rows.len() != sent {
             return Err(ClientError::Protocol(format!(
-                "{} outputs for a forward of {} rows",
+                "{} outputs for a forward of {sent} rows",
                 reply.rows.len(),
-                rows.len()
             )));
         }
         Ok(ForwardResult {

@@ -137,7 +137,7 @@ async fn a_workers_log_lines_for_a_forward_carry_its_request_ids() {
         qtype: 0,
     }];
     let answer = client
-        .forward_for("toy", &rows, &["4f2a9c/0", "4f2a9d"])
+        .forward_for("toy", rows.to_vec(), &["4f2a9c/0", "4f2a9d"])
         .await
         .expect("forward");
     assert_eq!(answer.outputs.len(), 1);

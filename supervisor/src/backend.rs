@@ -2,6 +2,7 @@
 //! it takes, what it answers and why it may not. The scheduler implements it; tests implement it
 //! with recorded answers. What `status()` returns is in [`crate::status`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -30,8 +31,9 @@ pub struct Job {
     pub request_id: String,
     /// The checkpoint the rows were built for.
     pub checkpoint: CheckpointName,
-    /// One row per question, in request order (never empty).
-    pub rows: Vec<Row>,
+    /// One row per question, in request order (never empty); the prepared request's own rows,
+    /// shared, so a retried job still has them.
+    pub rows: Arc<[Row]>,
     /// When the request stops waiting for the answer (`server.request_timeout` after it began).
     pub deadline: Instant,
 }

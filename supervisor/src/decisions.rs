@@ -451,7 +451,7 @@ impl Decisions {
         let job = Job {
             request_id: request_id.to_owned(),
             checkpoint: prepared.checkpoint(),
-            rows: prepared.rows.clone(),
+            rows: Arc::clone(&prepared.rows),
             deadline,
         };
         let class = job.class();

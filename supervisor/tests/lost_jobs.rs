@@ -203,7 +203,8 @@ fn job(request_id: &str) -> Job {
             ids: vec![101, 7, 8, 9, 102],
             markers: vec![1, 2],
             qtype: QuestionType::Noul,
-        }],
+        }]
+        .into(),
         deadline: Instant::now() + Duration::from_secs(60),
     }
 }

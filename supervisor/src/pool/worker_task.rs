@@ -91,9 +91,11 @@ async fn run_batch(
 ) -> bool {
     let checkpoint = batch[0].job.checkpoint;
     let forward = forward_of(&batch);
+    // The one copy of the token ids between the tokenizer and the socket: the jobs keep their rows
+    // for a retry elsewhere, these move into the forward's message.
     let rows: Vec<EngineRow> = batch
         .iter()
-        .flat_map(|q| &q.job.rows)
+        .flat_map(|q| q.job.rows.iter())
         .map(|r| EngineRow {
             ids: r.ids.clone(),
             markers: r.markers.clone(),
@@ -108,7 +110,7 @@ async fn run_batch(
     // The worker logs the forward under its jobs' request ids.
     let request_ids: Vec<&str> = batch.iter().map(|q| q.job.request_id.as_str()).collect();
     let result = tokio::select! {
-        result = worker.client.forward_for(checkpoint.as_str(), &rows, &request_ids) => result,
+        result = worker.client.forward_for(checkpoint.as_str(), rows, &request_ids) => result,
         // The process manager saw the worker exit: treat it like a lost connection.
         () = dead.cancelled() => Err(ClientError::Unavailable("worker process exited".to_owned())),
     };
