@@ -5,7 +5,7 @@
 //! (checked here independently) and every row must fit a length bucket.
 #![no_main]
 
-use layad_proto::engine::{EngineInfo, EngineRow, LoadedCheckpoint};
+use layad_proto::engine::{EngineFacts, EngineInfo, EngineRow, LoadedCheckpoint};
 use layad_proto::pb::ForwardRequest;
 use layad_proto::rows::{ForwardLimits, bucket_for};
 use libfuzzer_sys::fuzz_target;
@@ -34,6 +34,8 @@ fn info(max_rows: u32, max_batch_tokens: u32, length_buckets: Vec<u32>) -> Engin
         max_rows,
         max_batch_tokens,
         length_buckets,
+        parity: Vec::new(),
+        facts: EngineFacts::default(),
     }
 }
 
