@@ -1,12 +1,12 @@
 //! Fuzzes the worker's front: a `ForwardRequest` as it arrives on the worker socket (protobuf),
-//! converted to engine rows and checked by `ForwardLimits::check`, as the harness's `Forward` does
-//! before any engine sees it. The first two bytes pick the worker's limits (max rows, length
-//! buckets); the rest is the message. An accepted forward must satisfy every documented rule
+//! decoded into prompt rows (an unknown question type is refused there) and checked by
+//! `ForwardLimits::check`, as the harness's `Forward` does before any engine sees it. The first two
+//! bytes pick the worker's limits (max rows, length buckets); the rest is the message. An accepted forward must satisfy every documented rule
 //! (checked here independently) and every row must fit a length bucket.
 #![no_main]
 
-use layad_proto::engine::{EngineFacts, EngineInfo, EngineRow, LoadedCheckpoint};
-use layad_proto::pb::ForwardRequest;
+use layad_proto::engine::{EngineFacts, EngineInfo, LoadedCheckpoint};
+use layad_proto::pb::{ForwardRequest, decode_rows};
 use layad_proto::rows::{ForwardLimits, bucket_for};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -54,7 +54,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let limits = ForwardLimits::from_info(&info(max_rows, max_batch_tokens, buckets.clone()));
-    let rows: Vec<EngineRow> = request.rows.into_iter().map(EngineRow::from).collect();
+    let wire_qtypes: Vec<u32> = request.rows.iter().map(|r| r.qtype).collect();
+    let Ok(rows) = decode_rows(request.rows) else {
+        assert!(wire_qtypes.iter().any(|&q| q > 2), "refused rows whose types are all known");
+        return;
+    };
     if limits.check(&request.checkpoint, &rows).is_err() {
         return;
     }
@@ -63,14 +67,14 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(!rows.is_empty() && rows.len() <= max_rows as usize);
     assert!(rows.iter().map(|r| r.ids.len()).sum::<usize>() <= max_batch_tokens as usize);
-    for row in &rows {
+    for (row, &wire_qtype) in rows.iter().zip(&wire_qtypes) {
         let len = row.ids.len();
         assert!(len > 0 && len <= MAX_LEN as usize);
         assert!(row.ids.iter().all(|&id| id < vocab_size));
         assert!(!row.markers.is_empty());
         assert!(row.markers.windows(2).all(|pair| pair[0] < pair[1]));
         assert!(row.markers.iter().all(|&m| (m as usize) < len));
-        assert!(row.qtype <= 2);
+        assert_eq!(row.qtype.index(), wire_qtype);
         if !buckets.is_empty() {
             assert!(
                 bucket_for(len, &buckets).is_some(),

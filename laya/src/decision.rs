@@ -67,13 +67,22 @@ impl PreparedDecision {
     }
 }
 
-/// What the model returned for one row.
+/// What the model computed for one row: the one output type from every engine to the answer (the
+/// workers' engines return it, the socket carries it, the supervisor hands it here unchanged).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowOutput {
-    /// Logits of the row's real options (one per marker).
+    /// One logit per marker (the row's real options), float32, before any temperature.
     pub logits: Vec<f32>,
-    /// Component 0 of the act head's softmax.
-    pub act_probability: f32,
+    /// Softmax of the act head, as the model computed it (length `n_act`).
+    pub act_probabilities: Vec<f32>,
+}
+
+impl RowOutput {
+    /// Upstream's `act_probability`: component 0 of the act head's softmax. NaN when the engine
+    /// returned no act head (the worker contract refuses such an answer before it gets here).
+    pub fn act_probability(&self) -> f32 {
+        self.act_probabilities.first().copied().unwrap_or(f32::NAN)
+    }
 }
 
 /// Routes the request and builds its rows with the chosen checkpoint's tokenizer.
@@ -225,7 +234,7 @@ pub fn respond_unprojected(
         let mut answer = answer_in(
             question,
             &output.logits,
-            output.act_probability,
+            output.act_probability(),
             &checkpoint.agent.temperatures,
             prepared.upstream,
             prepared.output.precision(),

@@ -32,6 +32,21 @@ impl QuestionType {
         }
     }
 
+    /// The type's index in the model's type embedding (and `worker.proto`'s `Row.qtype`).
+    pub fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// The type whose [`index`](Self::index) is `index`; `None` for any other number.
+    pub fn from_index(index: u32) -> Option<Self> {
+        match index {
+            0 => Some(Self::Choice),
+            1 => Some(Self::Score),
+            2 => Some(Self::Noul),
+            _ => None,
+        }
+    }
+
     fn parse(value: Option<&Value>) -> Option<Self> {
         match value?.as_str()? {
             "choice" => Some(Self::Choice),

@@ -16,14 +16,19 @@ use layad_system_tests::goldens::{TOLERANCE, compare, deliberate_difference, fix
 use serde_json::Value;
 use support::open_checkpoints;
 
-fn act_probability(action_logits: &Value) -> f32 {
+/// The act head's softmax from a golden's `action_logits`, as an engine returns it.
+fn act_probabilities(action_logits: &Value) -> Vec<f32> {
     let logits: Vec<f32> = action_logits
         .as_array()
         .expect("action_logits")
         .iter()
         .map(|v| v.as_f64().expect("number") as f32)
         .collect();
-    laya::answer::softmax_f32(&logits)[0]
+    laya::answer::softmax_f32(&logits)
+}
+
+fn act_probability(action_logits: &Value) -> f32 {
+    act_probabilities(action_logits)[0]
 }
 
 fn f32s(v: &Value) -> Vec<f32> {
@@ -64,7 +69,7 @@ fn run_case(
         .iter()
         .map(|r| RowOutput {
             logits: f32s(&r["logits"]),
-            act_probability: act_probability(&r["action_logits"]),
+            act_probabilities: act_probabilities(&r["action_logits"]),
         })
         .collect();
     let checkpoint = &checkpoints[&prepared.checkpoint()];

@@ -69,7 +69,7 @@ fn check(
         .iter()
         .map(|row| RowOutput {
             logits: vec![0.0; row.markers.len()],
-            act_probability: 0.5,
+            act_probabilities: vec![0.5, 0.5],
         })
         .collect();
     let answer = respond(&prepared, checkpoint, &outputs).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::engine::{EngineOutput, EngineRow};
+use crate::engine::{Row, RowOutput};
 use crate::pb::worker_client::WorkerClient as GeneratedClient;
 use crate::pb::{self, PROTOCOL_VERSION, REQUEST_ID_METADATA};
 
@@ -29,7 +29,7 @@ pub struct WorkerClient {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForwardResult {
     /// One output per request row, in order.
-    pub outputs: Vec<EngineOutput>,
+    pub outputs: Vec<RowOutput>,
     /// Wall time of the engine's forward on the worker, in microseconds.
     pub device_us: u64,
     /// Time the batch waited on the worker behind earlier batches, in microseconds.
@@ -269,7 +269,7 @@ impl WorkerClient {
 
     /// Runs `rows` on `checkpoint` in one batch (a copy of them: for warm-ups, tests and tools; the
     /// request path hands its rows over with [`Self::forward_for`]).
-    pub async fn forward(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<ForwardResult, ClientError> {
+    pub async fn forward(&self, checkpoint: &str, rows: &[Row]) -> Result<ForwardResult, ClientError> {
         self.forward_for(checkpoint, rows.to_vec(), &[]).await
     }
 
@@ -280,7 +280,7 @@ impl WorkerClient {
     pub async fn forward_for(
         &self,
         checkpoint: &str,
-        rows: Vec<EngineRow>,
+        rows: Vec<Row>,
         request_ids: &[&str],
     ) -> Result<ForwardResult, ClientError> {
         let sent = rows.len();
@@ -301,7 +301,7 @@ impl WorkerClient {
             )));
         }
         Ok(ForwardResult {
-            outputs: reply.rows.into_iter().map(EngineOutput::from).collect(),
+            outputs: reply.rows.into_iter().map(RowOutput::from).collect(),
             device_us: reply.device_us,
             queue_us: reply.queue_us,
         })

@@ -16,25 +16,11 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One prompt row as the supervisor built it (see `layad-laya`'s `prompt::Row`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngineRow {
-    /// Token ids, unpadded; every id is a real token (attention covers the whole row).
-    pub ids: Vec<u32>,
-    /// Positions of the option `[MASK]` tokens, in option order.
-    pub markers: Vec<u32>,
-    /// Question type: 0 choice, 1 score, 2 noul.
-    pub qtype: u32,
-}
-
-/// What the model computed for one row.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EngineOutput {
-    /// One logit per marker, float32, before any temperature.
-    pub logits: Vec<f32>,
-    /// Softmax of the act head (length `n_act`); component 0 is upstream's `act_probability`.
-    pub act_probabilities: Vec<f32>,
-}
+/// A prompt row and what the model computed for it are `layad-laya`'s own types, used unchanged
+/// from the tokenizer to the engine and back: converted to protobuf once at the socket and back once
+/// (`pb.rs`).
+pub use laya::decision::RowOutput;
+pub use laya::prompt::Row;
 
 /// A checkpoint an engine has loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,8 +162,37 @@ pub trait Engine: Send + 'static {
     /// warm-up (what Describe reports), so facts an engine learns while warming count.
     fn describe(&self) -> EngineInfo;
 
-    /// Runs `rows` on `checkpoint` in one batch and returns one output per row, in order.
-    fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError>;
+    /// Runs the forward's rows on its checkpoint in one batch and returns one output per row, in
+    /// order. The rows were checked against this engine's [`EngineInfo`] ([`CheckedForward`]).
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError>;
+}
+
+/// A forward that passed [`ForwardLimits::admit`](crate::rows::ForwardLimits::admit): its
+/// checkpoint is served and every row is within the engine's limits. `admit` is the only way to make
+/// one, so an engine given one checks none of that again: the worker checks a forward's rows once,
+/// in the harness, before the engine. Callers that hold an engine directly (warm-up, tools, tests)
+/// use [`rows::check_and_forward`](crate::rows::check_and_forward).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedForward {
+    checkpoint: String,
+    rows: Vec<Row>,
+}
+
+impl CheckedForward {
+    /// Only `ForwardLimits::admit` calls this, after its check.
+    pub(crate) fn new(checkpoint: String, rows: Vec<Row>) -> Self {
+        CheckedForward { checkpoint, rows }
+    }
+
+    /// The checkpoint to run the rows on.
+    pub fn checkpoint(&self) -> &str {
+        &self.checkpoint
+    }
+
+    /// The rows, in the forward's order.
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
 }
 
 /// [`GpuInfo::compute_capability`] as the string `major.minor` (empty: none).

@@ -29,13 +29,15 @@ mod warmup;
 pub use args::WorkerArgs;
 pub use client::{ClientError, ForwardResult, SpawnedWorker, WorkerClient};
 pub use engine::{
-    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, GpuInfo, LoadedCheckpoint, ParityReport,
-    PlacementReport,
+    CheckedForward, Engine, EngineError, EngineFacts, EngineInfo, GpuInfo, LoadedCheckpoint, ParityReport,
+    PlacementReport, Row, RowOutput,
 };
 pub use error::{EngineFactsError, HarnessError, LoadError};
 pub use harness::{HarnessOptions, ServeOutcome, StopReason};
 pub use pb::{PROTOCOL_VERSION, REQUEST_ID_METADATA};
-pub use rows::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for};
+pub use rows::{
+    DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, ForwardLimits, InvalidForward, RowLimits, bucket_for, check_and_forward,
+};
 pub use warmup::WarmupPolicy;
 
 /// Exit status of a worker whose device or runtime does not exist on this machine (for example

@@ -4,8 +4,11 @@
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
-use crate::engine::{EngineFacts, EngineOutput, EngineRow, LoadedCheckpoint, ParityReport, PlacementReport};
+use laya::question::QuestionType;
+
+use crate::engine::{self, EngineFacts, LoadedCheckpoint, ParityReport, PlacementReport};
 use crate::error::EngineFactsError;
+use crate::rows::InvalidForward;
 
 tonic::include_proto!("layad.worker.v1");
 
@@ -20,40 +23,54 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// forward (its `forward` span's `request_id`), so that both sides' lines of a request can be tied.
 pub const REQUEST_ID_METADATA: &str = "x-request-id";
 
-impl From<Row> for EngineRow {
-    fn from(row: Row) -> Self {
-        EngineRow {
-            ids: row.ids,
-            markers: row.markers,
-            qtype: row.qtype,
-        }
+impl Row {
+    /// The prompt row this message carries, its buffers moved, not copied; `index` is the row's
+    /// place in the forward, for the refusal of a `qtype` that is not a question type.
+    pub fn into_row(self, index: usize) -> Result<engine::Row, InvalidForward> {
+        let qtype = QuestionType::from_index(self.qtype).ok_or(InvalidForward::UnknownQtype {
+            row: index,
+            qtype: self.qtype,
+        })?;
+        Ok(engine::Row {
+            ids: self.ids,
+            markers: self.markers,
+            qtype,
+        })
     }
+}
+
+/// A forward message's rows, decoded once on the worker's side of the socket.
+pub fn decode_rows(rows: Vec<Row>) -> Result<Vec<engine::Row>, InvalidForward> {
+    rows.into_iter()
+        .enumerate()
+        .map(|(index, row)| row.into_row(index))
+        .collect()
 }
 
 /// By move: the message takes the row's buffers, so a request's token ids are not copied again
 /// on their way to the socket.
-impl From<EngineRow> for Row {
-    fn from(row: EngineRow) -> Self {
+impl From<engine::Row> for Row {
+    fn from(row: engine::Row) -> Self {
         Row {
             ids: row.ids,
             markers: row.markers,
-            qtype: row.qtype,
+            qtype: row.qtype.index(),
         }
     }
 }
 
-impl From<EngineOutput> for RowOutput {
-    fn from(output: EngineOutput) -> Self {
-        RowOutput {
+impl From<RowOutput> for engine::RowOutput {
+    fn from(output: RowOutput) -> Self {
+        engine::RowOutput {
             logits: output.logits,
             act_probabilities: output.act_probabilities,
         }
     }
 }
 
-impl From<RowOutput> for EngineOutput {
-    fn from(output: RowOutput) -> Self {
-        EngineOutput {
+impl From<engine::RowOutput> for RowOutput {
+    fn from(output: engine::RowOutput) -> Self {
+        RowOutput {
             logits: output.logits,
             act_probabilities: output.act_probabilities,
         }
@@ -171,10 +188,10 @@ mod tests {
 
     #[test]
     fn rows_cross_into_and_out_of_the_message_without_copying_their_ids() {
-        let row = EngineRow {
+        let row = engine::Row {
             ids: vec![101, 7, 8, 9, 102],
             markers: vec![1, 2],
-            qtype: 2,
+            qtype: QuestionType::Noul,
         };
         let ids = row.ids.as_ptr();
         let message = Row::from(row);
@@ -183,8 +200,24 @@ mod tests {
             ids,
             "the supervisor's side moves the ids into the message"
         );
-        let back = EngineRow::from(message);
+        assert_eq!(message.qtype, 2);
+        let back = message.into_row(0).expect("a known qtype");
         assert_eq!(back.ids.as_ptr(), ids, "the worker's side moves them out of it");
         assert_eq!(back.ids, [101, 7, 8, 9, 102]);
+        assert_eq!(back.qtype, QuestionType::Noul);
+    }
+
+    #[test]
+    fn a_qtype_that_is_no_question_type_is_refused_with_its_row() {
+        let row = |qtype| Row {
+            ids: vec![101, 4, 102],
+            markers: vec![1],
+            qtype,
+        };
+        let error = decode_rows(vec![row(0), row(1), row(3)]).expect_err("qtype 3 is refused");
+        assert_eq!(error, InvalidForward::UnknownQtype { row: 2, qtype: 3 });
+        let rows = decode_rows(vec![row(0), row(1), row(2)]).expect("every type decodes");
+        let types: Vec<_> = rows.iter().map(|r| r.qtype).collect();
+        assert_eq!(types, [QuestionType::Choice, QuestionType::Score, QuestionType::Noul]);
     }
 }

@@ -5,7 +5,7 @@
 //! The supervisor plans its batches with the same bucket choice and defaults, so what it sends is
 //! what a worker accepts.
 
-use crate::engine::{EngineInfo, EngineOutput, EngineRow};
+use crate::engine::{CheckedForward, Engine, EngineError, EngineInfo, Row, RowOutput};
 
 /// The defaults of the limits of one forward: `laya::limits` holds them, where the configuration
 /// (which does not depend on this crate) takes them too.
@@ -100,8 +100,23 @@ pub enum InvalidForward {
         position: u32,
         previous: u32,
     },
+    /// Found when the message is decoded (`pb::decode_rows`): a decoded row holds a question type.
     #[error("row {row} has qtype {qtype}; expected 0 (choice), 1 (score) or 2 (noul)")]
     UnknownQtype { row: usize, qtype: u32 },
+}
+
+/// Checks `rows` against `engine`'s own limits, then runs them: for callers that hold an engine
+/// directly (warm-up, tools, tests), where the harness would have checked them. A refusal is
+/// [`EngineError::InvalidArgument`] with the row contract's message.
+pub fn check_and_forward<E: Engine + ?Sized>(
+    engine: &mut E,
+    checkpoint: &str,
+    rows: &[Row],
+) -> Result<Vec<RowOutput>, EngineError> {
+    let forward = ForwardLimits::from_info(&engine.describe())
+        .admit(checkpoint.to_owned(), rows.to_vec())
+        .map_err(|invalid| EngineError::InvalidArgument(invalid.to_string()))?;
+    engine.forward(&forward)
 }
 
 impl ForwardLimits {
@@ -124,8 +139,14 @@ impl ForwardLimits {
         }
     }
 
+    /// The forward of `rows` on `checkpoint` once [`check`](Self::check) has found nothing wrong.
+    pub fn admit(&self, checkpoint: String, rows: Vec<Row>) -> Result<CheckedForward, InvalidForward> {
+        self.check(&checkpoint, &rows)?;
+        Ok(CheckedForward::new(checkpoint, rows))
+    }
+
     /// Checks one forward; the first problem found is the answer.
-    pub fn check(&self, checkpoint: &str, rows: &[EngineRow]) -> Result<(), InvalidForward> {
+    pub fn check(&self, checkpoint: &str, rows: &[Row]) -> Result<(), InvalidForward> {
         let limits = self
             .checkpoints
             .iter()
@@ -162,7 +183,7 @@ impl ForwardLimits {
 
 impl RowLimits {
     /// Checks row number `row` of a forward: tokens, ids, markers, question type.
-    pub fn check(&self, row: usize, data: &EngineRow) -> Result<(), InvalidForward> {
+    pub fn check(&self, row: usize, data: &Row) -> Result<(), InvalidForward> {
         let len = data.ids.len();
         if len == 0 {
             return Err(InvalidForward::EmptyRow { row });
@@ -210,16 +231,13 @@ impl RowLimits {
             }
             previous = Some(position);
         }
-        if data.qtype > 2 {
-            return Err(InvalidForward::UnknownQtype { row, qtype: data.qtype });
-        }
         Ok(())
     }
 }
 
 /// Checks that the engine answered every row with one finite logit per marker and finite act
 /// probabilities; a failure here is an engine bug, reported instead of sent on.
-pub fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(), String> {
+pub fn check_outputs(rows: &[Row], outputs: &[RowOutput]) -> Result<(), String> {
     if outputs.len() != rows.len() {
         return Err(format!(
             "engine returned {} outputs for {} rows",
@@ -254,6 +272,7 @@ pub fn check_outputs(rows: &[EngineRow], outputs: &[EngineOutput]) -> Result<(),
 mod tests {
     use super::*;
     use crate::engine::{EngineFacts, LoadedCheckpoint};
+    use laya::question::QuestionType;
 
     fn info(length_buckets: Vec<u32>) -> EngineInfo {
         let checkpoint = |name: &str, vocab_size, max_len| LoadedCheckpoint {
@@ -276,15 +295,15 @@ mod tests {
         }
     }
 
-    fn row(len: u32, markers: Vec<u32>) -> EngineRow {
-        EngineRow {
+    fn row(len: u32, markers: Vec<u32>) -> Row {
+        Row {
             ids: (0..len).collect(),
             markers,
-            qtype: 0,
+            qtype: QuestionType::Choice,
         }
     }
 
-    fn check(rows: &[EngineRow]) -> Result<(), InvalidForward> {
+    fn check(rows: &[Row]) -> Result<(), InvalidForward> {
         ForwardLimits::from_info(&info(vec![])).check("english", rows)
     }
 
@@ -297,7 +316,7 @@ mod tests {
         );
         let mut top = row(128, vec![127]);
         top.ids[0] = 775;
-        top.qtype = 2;
+        top.qtype = QuestionType::Noul;
         assert_eq!(limits.check("multilingual", &[top]), Ok(()));
     }
 
@@ -351,9 +370,6 @@ mod tests {
                 previous: 3
             })
         );
-        let mut qtype = row(10, vec![1]);
-        qtype.qtype = 3;
-        assert_eq!(check(&[qtype]), Err(InvalidForward::UnknownQtype { row: 0, qtype: 3 }));
     }
 
     #[test]
@@ -394,7 +410,7 @@ mod tests {
     #[test]
     fn outputs_must_match_the_rows_and_be_finite() {
         let rows = [row(10, vec![1, 2]), row(10, vec![3])];
-        let output = |logits: Vec<f32>| EngineOutput {
+        let output = |logits: Vec<f32>| RowOutput {
             logits,
             act_probabilities: vec![0.4, 0.6],
         };
@@ -414,7 +430,7 @@ mod tests {
             check_outputs(&rows, &[output(vec![1.0, 2.0]), output(vec![f32::NAN])]),
             Err("row 1: engine returned a non-finite value (NaN)".to_owned())
         );
-        let no_act = EngineOutput {
+        let no_act = RowOutput {
             logits: vec![3.0],
             act_probabilities: vec![],
         };

@@ -13,10 +13,12 @@
 
 use std::time::Instant;
 
-use crate::engine::{Engine, EngineInfo, EngineRow};
+use laya::question::QuestionType;
+
+use crate::engine::{Engine, EngineInfo, Row};
 use crate::error::HarnessError;
 use crate::pb;
-use crate::rows::{check_outputs, usable_buckets};
+use crate::rows::{check_and_forward, check_outputs, usable_buckets};
 
 /// How a worker warms up before it binds its socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +55,7 @@ pub(crate) struct WarmupShape {
 
 impl WarmupShape {
     /// Synthetic rows of this shape: valid ids, two markers (one for a one- or two-token row).
-    pub(crate) fn rows(&self) -> Vec<EngineRow> {
+    pub(crate) fn rows(&self) -> Vec<Row> {
         let len = self.tokens_per_row;
         let ids: Vec<u32> = (0..len)
             .map(|i| {
@@ -69,7 +71,14 @@ impl WarmupShape {
         } else {
             vec![len.saturating_sub(1)]
         };
-        vec![EngineRow { ids, markers, qtype: 0 }; self.rows as usize]
+        vec![
+            Row {
+                ids,
+                markers,
+                qtype: QuestionType::Choice
+            };
+            self.rows as usize
+        ]
     }
 }
 
@@ -132,9 +141,7 @@ pub(crate) fn run<E: Engine>(
         };
         let mut forward = || -> Result<f64, HarnessError> {
             let start = Instant::now();
-            let outputs = engine
-                .forward(&shape.checkpoint, &rows)
-                .map_err(|e| failed(e.to_string()))?;
+            let outputs = check_and_forward(engine, &shape.checkpoint, &rows).map_err(|e| failed(e.to_string()))?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
             check_outputs(&rows, &outputs).map_err(failed)?;
             Ok(ms)
@@ -305,13 +312,14 @@ mod tests {
 
         fn forward(
             &mut self,
-            checkpoint: &str,
-            rows: &[EngineRow],
-        ) -> Result<Vec<crate::engine::EngineOutput>, crate::engine::EngineError> {
-            self.forwards.push((checkpoint.to_owned(), rows.len()));
-            Ok(rows
+            forward: &crate::engine::CheckedForward,
+        ) -> Result<Vec<crate::engine::RowOutput>, crate::engine::EngineError> {
+            self.forwards
+                .push((forward.checkpoint().to_owned(), forward.rows().len()));
+            Ok(forward
+                .rows()
                 .iter()
-                .map(|row| crate::engine::EngineOutput {
+                .map(|row| crate::engine::RowOutput {
                     logits: vec![0.5; row.markers.len()],
                     act_probabilities: vec![1.0],
                 })
@@ -349,9 +357,8 @@ mod tests {
             }
             fn forward(
                 &mut self,
-                _: &str,
-                _: &[EngineRow],
-            ) -> Result<Vec<crate::engine::EngineOutput>, crate::engine::EngineError> {
+                _: &crate::engine::CheckedForward,
+            ) -> Result<Vec<crate::engine::RowOutput>, crate::engine::EngineError> {
                 Ok(Vec::new())
             }
         }

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use laya::question::QuestionType;
 use layad_proto::harness::{LoadError, serve};
 use layad_proto::pb::{self, WorkerState};
 use layad_proto::{
-    ClientError, Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, HarnessError, HarnessOptions,
-    LoadedCheckpoint, ServeOutcome, SpawnedWorker, StopReason, WarmupPolicy, WorkerClient,
+    CheckedForward, ClientError, Engine, EngineError, EngineFacts, EngineInfo, HarnessError, HarnessOptions,
+    LoadedCheckpoint, Row, RowOutput, ServeOutcome, SpawnedWorker, StopReason, WarmupPolicy, WorkerClient,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -56,7 +57,8 @@ impl Engine for ToyEngine {
         }
     }
 
-    fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError> {
+        let (checkpoint, rows) = (forward.checkpoint(), forward.rows());
         let start = Instant::now();
         let index = CHECKPOINTS
             .iter()
@@ -65,7 +67,7 @@ impl Engine for ToyEngine {
         if rows[0].ids[0] == PANIC_ID {
             panic!("toy engine exploded");
         }
-        if checkpoint == "slow" && rows.iter().any(|r| r.qtype == 2) {
+        if checkpoint == "slow" && rows.iter().any(|r| r.qtype == QuestionType::Noul) {
             return Err(EngineError::InvalidArgument(
                 "the slow checkpoint has no noul head".into(),
             ));
@@ -73,9 +75,9 @@ impl Engine for ToyEngine {
         if rows[0].ids[0] == SLOW_ID {
             std::thread::sleep(Duration::from_millis(self.slow_ms));
         }
-        let mut outputs: Vec<EngineOutput> = rows
+        let mut outputs: Vec<RowOutput> = rows
             .iter()
-            .map(|row| EngineOutput {
+            .map(|row| RowOutput {
                 logits: row
                     .markers
                     .iter()
@@ -155,8 +157,30 @@ async fn connect(socket: &Path) -> WorkerClient {
     }
 }
 
-fn row(ids: Vec<u32>, markers: Vec<u32>) -> EngineRow {
-    EngineRow { ids, markers, qtype: 0 }
+fn row(ids: Vec<u32>, markers: Vec<u32>) -> Row {
+    Row {
+        ids,
+        markers,
+        qtype: QuestionType::Choice,
+    }
+}
+
+/// The generated gRPC client on `socket`, without [`WorkerClient`]'s typed rows.
+async fn raw_client(socket: &Path) -> pb::worker_client::WorkerClient<tonic::transport::Channel> {
+    let path = socket.to_owned();
+    let channel = tonic::transport::Endpoint::try_from("http://worker.invalid")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connects");
+    pb::worker_client::WorkerClient::new(channel)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,7 +304,7 @@ async fn bad_input_is_invalid_argument_and_the_worker_keeps_serving() {
     let worker = start(0, false, None);
     let client = connect(&worker.socket).await;
     let long = |n: u32| row((0..n).map(|i| i % 50).collect(), vec![0]);
-    let cases: Vec<(&str, Vec<EngineRow>, &str)> = vec![
+    let cases: Vec<(&str, Vec<Row>, &str)> = vec![
         (
             "nope",
             vec![row(vec![1], vec![0])],
@@ -323,22 +347,13 @@ async fn bad_input_is_invalid_argument_and_the_worker_keeps_serving() {
             vec![row(vec![1, 2, 3], vec![1, 1])],
             "row 0 marker 1 is at position 1, not after the previous",
         ),
-        (
-            "toy",
-            vec![EngineRow {
-                ids: vec![1],
-                markers: vec![0],
-                qtype: 7,
-            }],
-            "row 0 has qtype 7",
-        ),
         // Refused by the engine itself, past the harness's generic checks.
         (
             "slow",
-            vec![EngineRow {
+            vec![Row {
                 ids: vec![1],
                 markers: vec![0],
-                qtype: 2,
+                qtype: QuestionType::Noul,
             }],
             "the slow checkpoint has no noul head",
         ),
@@ -355,6 +370,34 @@ async fn bad_input_is_invalid_argument_and_the_worker_keeps_serving() {
         assert_eq!(good.outputs[0].logits, vec![2.0]);
     }
     assert!(!ClientError::InvalidArgument(String::new()).is_retryable());
+    // A typed row cannot carry an unknown question type, so send the wire message as another
+    // implementation could: the harness refuses it while decoding, naming the row and the number.
+    let mut raw = raw_client(&worker.socket).await;
+    let message = |qtype| pb::Row {
+        ids: vec![1, 20],
+        markers: vec![1],
+        qtype,
+    };
+    let refused = raw
+        .forward(pb::ForwardRequest {
+            checkpoint: "toy".into(),
+            rows: vec![message(0), message(7)],
+        })
+        .await
+        .expect_err("qtype 7 is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        refused.message(),
+        "row 1 has qtype 7; expected 0 (choice), 1 (score) or 2 (noul)"
+    );
+    let answered = raw
+        .forward(pb::ForwardRequest {
+            checkpoint: "toy".into(),
+            rows: vec![message(2)],
+        })
+        .await
+        .expect("still serving");
+    assert_eq!(answered.into_inner().rows[0].logits, vec![2.0]);
     worker.stop.send(StopReason::Terminate).await.expect("stop");
     worker.task.await.expect("join").expect("serve");
 }

@@ -6,9 +6,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use laya::question::QuestionType;
 use layad_proto::harness::{LoadError, serve};
 use layad_proto::{
-    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, HarnessOptions, LoadedCheckpoint,
+    CheckedForward, Engine, EngineError, EngineFacts, EngineInfo, HarnessOptions, LoadedCheckpoint, Row, RowOutput,
     StopReason, WarmupPolicy, WorkerClient,
 };
 use tokio::sync::mpsc;
@@ -37,11 +38,12 @@ impl Engine for LoggingEngine {
         }
     }
 
-    fn forward(&mut self, _: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError> {
+        let rows = forward.rows();
         tracing::info!(rows = rows.len(), "toy engine ran a batch");
         Ok(rows
             .iter()
-            .map(|row| EngineOutput {
+            .map(|row| RowOutput {
                 logits: row.markers.iter().map(|&m| m as f32).collect(),
                 act_probabilities: vec![0.5, 0.5],
             })
@@ -131,10 +133,10 @@ async fn a_workers_log_lines_for_a_forward_carry_its_request_ids() {
             Err(error) => panic!("cannot connect: {error}"),
         }
     };
-    let rows = [EngineRow {
+    let rows = [Row {
         ids: vec![1, 2, 3],
         markers: vec![1],
-        qtype: 0,
+        qtype: QuestionType::Choice,
     }];
     let answer = client
         .forward_for("toy", rows.to_vec(), &["4f2a9c/0", "4f2a9d"])

@@ -18,7 +18,7 @@ use layad::status::BackendStatus;
 use layad_config::{Config, PoolConfig};
 use layad_proto::harness::{LoadError, serve};
 use layad_proto::{
-    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, GpuInfo, HarnessOptions, LoadedCheckpoint,
+    CheckedForward, Engine, EngineError, EngineFacts, EngineInfo, GpuInfo, HarnessOptions, LoadedCheckpoint, RowOutput,
     StopReason, WarmupPolicy, WorkerClient,
 };
 
@@ -48,10 +48,11 @@ impl Engine for FactsEngine {
         }
     }
 
-    fn forward(&mut self, _: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError> {
+        let rows = forward.rows();
         Ok(rows
             .iter()
-            .map(|row| EngineOutput {
+            .map(|row| RowOutput {
                 logits: vec![0.5; row.markers.len()],
                 act_probabilities: vec![0.25, 0.75],
             })

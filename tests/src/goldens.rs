@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use laya::question::QuestionType;
 use laya::upstream::Upstream;
 use serde_json::Value;
 
@@ -172,8 +173,8 @@ pub struct GoldenRow {
     pub ids: Vec<u32>,
     /// Marker positions.
     pub markers: Vec<u32>,
-    /// Question type (0 choice, 1 score, 2 noul).
-    pub qtype: u32,
+    /// Question type.
+    pub qtype: QuestionType,
     /// Upstream's fp32 logits, one per marker.
     pub logits: Vec<f32>,
     /// Softmax of upstream's act logits (float32).
@@ -225,7 +226,10 @@ pub fn golden_forwards() -> Vec<GoldenForward> {
                     GoldenRow {
                         ids: numbers(&row["ids"]).into_iter().map(|x| x as u32).collect(),
                         markers: numbers(&row["markers"]).into_iter().map(|x| x as u32).collect(),
-                        qtype: row["qtype"].as_u64().expect("qtype") as u32,
+                        qtype: row["qtype"]
+                            .as_u64()
+                            .and_then(|q| QuestionType::from_index(u32::try_from(q).ok()?))
+                            .expect("qtype 0, 1 or 2"),
                         logits,
                         act_probabilities: softmax(&act),
                     }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use laya::question::QuestionType;
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -396,12 +397,20 @@ pub struct ParityRow {
     pub ids: Vec<u32>,
     /// Marker positions.
     pub markers: Vec<u32>,
-    /// Question type.
-    pub qtype: u32,
+    /// Question type (its index in the file: 0 choice, 1 score, 2 noul).
+    #[serde(deserialize_with = "question_type")]
+    pub qtype: QuestionType,
     /// Upstream's logits, one per marker.
     pub logits: Vec<f32>,
     /// Softmax of upstream's act logits.
     pub act_probabilities: Vec<f32>,
+}
+
+/// A question type written as its index; another number is refused with the number named.
+fn question_type<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<QuestionType, D::Error> {
+    let index = u32::deserialize(deserializer)?;
+    QuestionType::from_index(index)
+        .ok_or_else(|| serde::de::Error::custom(format!("qtype {index} is not 0 (choice), 1 (score) or 2 (noul)")))
 }
 
 /// `parity.json` of one checkpoint.

@@ -9,10 +9,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use laya::checkpoint::{Checkpoint, CheckpointError, Location};
+use laya::question::QuestionType;
 use layad_proto::rows::usable_buckets;
 use layad_proto::{
-    Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow, InvalidForward, LoadedCheckpoint,
-    ParityReport, bucket_for,
+    CheckedForward, Engine, EngineError, EngineFacts, EngineInfo, InvalidForward, LoadedCheckpoint, ParityReport, Row,
+    RowOutput, bucket_for,
 };
 use worker_gpu::Precision;
 use worker_gpu::device::CpuThreads;
@@ -283,7 +284,7 @@ struct Served {
 
 impl Served {
     /// One row through host inputs, the graph and the host's act head.
-    fn run_row(&mut self, row: &EngineRow) -> Result<EngineOutput, EngineError> {
+    fn run_row(&mut self, row: &Row) -> Result<RowOutput, EngineError> {
         let invalid = |e: host::RowError| EngineError::InvalidArgument(e.to_string());
         let bucket = bucket_for(row.ids.len(), &self.buckets).ok_or_else(|| {
             invalid(host::RowError::Contract(InvalidForward::RowLongerThanBuckets {
@@ -318,12 +319,16 @@ pub struct AneEngine {
 }
 
 /// A valid row of `len` tokens for warming and probing a bucket.
-fn probe_row(len: usize, vocab: usize) -> EngineRow {
+fn probe_row(len: usize, vocab: usize) -> Row {
     let ids = (0..len)
         .map(|i| 1 + (i % vocab.saturating_sub(1).max(1)) as u32)
         .collect();
     let markers = if len >= 3 { vec![1, 2] } else { vec![0] };
-    EngineRow { ids, markers, qtype: 0 }
+    Row {
+        ids,
+        markers,
+        qtype: QuestionType::Choice,
+    }
 }
 
 impl AneEngine {
@@ -570,7 +575,7 @@ fn gate(
     let mut summary = GateSummary::default();
     let longest = served.buckets.last().copied().unwrap_or(0);
     for (index, row) in reference.rows.iter().enumerate() {
-        let engine_row = EngineRow {
+        let engine_row = Row {
             ids: row.ids.clone(),
             markers: row.markers.clone(),
             qtype: row.qtype,
@@ -583,12 +588,12 @@ fn gate(
         let index = u32::try_from(index).unwrap_or(u32::MAX);
         let ours = served.run_row(&engine_row).unwrap_or_else(|e| {
             tracing::warn!(checkpoint = %name, row = index, error = %e, "reference row failed");
-            EngineOutput {
+            RowOutput {
                 logits: vec![f32::NAN; row.logits.len()],
                 act_probabilities: vec![f32::NAN; row.act_probabilities.len()],
             }
         });
-        let temperature = parity::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
+        let temperature = laya::answer::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
         summary.add(
             index,
             &parity::compare(&ours, &row.logits, &row.act_probabilities, temperature),
@@ -628,7 +633,8 @@ impl Engine for AneEngine {
         }
     }
 
-    fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError> {
+        let (checkpoint, rows) = (forward.checkpoint(), forward.rows());
         let threads = self.threads.take();
         let served = match self.find(checkpoint) {
             Ok(served) => served,

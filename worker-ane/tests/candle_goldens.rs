@@ -7,7 +7,7 @@ mod common;
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
 use layad_proto::bucket_for;
-use layad_proto::{Engine, EngineOutput, EngineRow};
+use layad_proto::{Engine, Row, RowOutput, check_and_forward};
 use layad_system_tests::goldens::golden_forwards;
 use worker_ane::executor::Executor;
 use worker_ane::executor::candle::CandleExecutor;
@@ -53,12 +53,12 @@ fn f32_matches_upstream_goldens_within_1e4() {
     let (mut rows, mut logit_diff, mut act_diff) = (0, 0f32, 0f32);
     for forward in golden_forwards() {
         for golden in forward.rows.iter().filter(|r| r.ids.len() <= 128) {
-            let row = EngineRow {
+            let row = Row {
                 ids: golden.ids.clone(),
                 markers: golden.markers.clone(),
                 qtype: golden.qtype,
             };
-            let out = engine.forward(&forward.checkpoint, &[row]).expect("forward");
+            let out = check_and_forward(&mut engine, &forward.checkpoint, &[row]).expect("forward");
             logit_diff = logit_diff.max(max_abs_diff(&out[0].logits, &golden.logits));
             act_diff = act_diff.max(max_abs_diff(&out[0].act_probabilities, &golden.act_probabilities));
             rows += 1;
@@ -108,7 +108,7 @@ fn the_graph_path_agrees_with_the_existing_forward() {
         let mut worst = 0f32;
         for forward in golden_forwards().into_iter().filter(|f| f.checkpoint == name) {
             for golden in &forward.rows {
-                let row = EngineRow {
+                let row = Row {
                     ids: golden.ids.clone(),
                     markers: golden.markers.clone(),
                     qtype: golden.qtype,
@@ -117,7 +117,7 @@ fn the_graph_path_agrees_with_the_existing_forward() {
                 let inputs = host.inputs(&row, bucket).expect("inputs");
                 let graph = executor.predict(bucket, &inputs).expect("predict");
                 assert!(graph.is_finite());
-                let ours: EngineOutput = host.finish(&graph, row.markers.len()).expect("finish");
+                let ours: RowOutput = host.finish(&graph, row.markers.len()).expect("finish");
                 let theirs = model.forward(std::slice::from_ref(&row)).expect("forward").remove(0);
                 worst = worst
                     .max(max_abs_diff(&ours.logits, &theirs.logits))

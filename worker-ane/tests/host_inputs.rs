@@ -5,7 +5,8 @@ mod common;
 
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
-use layad_proto::{EngineRow, InvalidForward};
+use laya::question::QuestionType;
+use layad_proto::{InvalidForward, Row};
 use worker_ane::host::{GraphInputs, GraphOutputs, HostWeights, MASKED, RowError, SLOTS};
 
 fn english() -> Checkpoint {
@@ -25,10 +26,10 @@ fn inputs_are_exact_on_a_short_row() {
         .to_dtype(DType::F32)
         .and_then(|t| t.to_vec2::<f32>())
         .expect("type_emb");
-    let row = EngineRow {
+    let row = Row {
         ids: vec![1, 57, 600, 3, 2],
         markers: vec![1, 3],
-        qtype: 2,
+        qtype: QuestionType::Noul,
     };
     let (l, c) = (8usize, 128usize);
     let inputs = host.inputs(&row, l as u32).expect("inputs");
@@ -72,19 +73,19 @@ fn inputs_are_exact_on_a_short_row() {
 #[test]
 fn rows_the_graph_cannot_take_are_refused_by_the_host() {
     let host = HostWeights::load("english", &english()).expect("host weights");
-    let too_many = EngineRow {
+    let too_many = Row {
         ids: vec![1; 40],
         markers: (0..33).collect(),
-        qtype: 0,
+        qtype: QuestionType::Choice,
     };
     assert_eq!(
         host.inputs(&too_many, 64),
         Err(RowError::TooManyMarkers { markers: 33 })
     );
-    let long = EngineRow {
+    let long = Row {
         ids: vec![1; 65],
         markers: vec![1],
-        qtype: 0,
+        qtype: QuestionType::Choice,
     };
     assert_eq!(
         host.inputs(&long, 64),
@@ -94,10 +95,10 @@ fn rows_the_graph_cannot_take_are_refused_by_the_host() {
             bucket: 64
         }))
     );
-    let bad_id = EngineRow {
+    let bad_id = Row {
         ids: vec![1, 701],
         markers: vec![0],
-        qtype: 0,
+        qtype: QuestionType::Choice,
     };
     assert!(matches!(
         host.inputs(&bad_id, 64),

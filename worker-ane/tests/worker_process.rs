@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use laya::answer::calibrated_probabilities;
+use laya::question::QuestionType;
 use layad_proto::pb::WorkerState;
-use layad_proto::{ClientError, EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, EngineRow, WorkerClient};
+use layad_proto::{ClientError, EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, Row, WorkerClient};
 use layad_system_tests::capture_stderr;
 use layad_system_tests::goldens::golden_forwards;
 
@@ -110,8 +111,8 @@ impl Drop for Worker {
     }
 }
 
-fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: u32) -> EngineRow {
-    EngineRow { ids, markers, qtype }
+fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: QuestionType) -> Row {
+    Row { ids, markers, qtype }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +176,7 @@ async fn candle_worker_becomes_ready_and_serves_goldens_within_the_gate() {
             let request = row(golden.ids.clone(), golden.markers.clone(), golden.qtype);
             let result = client.forward("english", &[request]).await.expect("forward");
             let output = &result.outputs[0];
-            let t = worker_ane::parity::temperature(&english.agent.temperatures, golden.qtype, golden.markers.len());
+            let t = laya::answer::temperature(&english.agent.temperatures, golden.qtype, golden.markers.len());
             let ours = calibrated_probabilities(&output.logits, t);
             let theirs = calibrated_probabilities(&golden.logits, t);
             for (a, b) in ours
@@ -191,13 +192,16 @@ async fn candle_worker_becomes_ready_and_serves_goldens_within_the_gate() {
     assert!(worst <= 0.02, "{worst}");
 
     // Two rows in one forward: refused by the worker's limits (the graphs are batch 1).
-    let two = [row(vec![1, 2, 3], vec![1, 2], 0), row(vec![1, 2, 3], vec![1, 2], 0)];
+    let two = [
+        row(vec![1, 2, 3], vec![1, 2], QuestionType::Choice),
+        row(vec![1, 2, 3], vec![1, 2], QuestionType::Choice),
+    ];
     assert!(matches!(
         client.forward("english", &two).await,
         Err(ClientError::InvalidArgument(_))
     ));
     // 33 options: more than the graph's slots.
-    let many = row((1..=40).collect(), (1..=33).collect(), 0);
+    let many = row((1..=40).collect(), (1..=33).collect(), QuestionType::Choice);
     match client.forward("english", &[many]).await {
         Err(ClientError::InvalidArgument(message)) => assert!(message.contains("at most 32"), "{message}"),
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
@@ -255,7 +259,7 @@ async fn f32_worker_matches_goldens_and_refuses_rows_longer_than_its_buckets() {
     eprintln!("gRPC f32 forwards vs upstream: {served} rows, max |Δ| {worst:.3e}");
     assert!(served > 100 && worst <= 1e-4, "{served} {worst}");
 
-    let long = row((1..=100).collect(), vec![1, 2], 0);
+    let long = row((1..=100).collect(), vec![1, 2], QuestionType::Choice);
     match client.forward("multilingual", &[long]).await {
         Err(ClientError::InvalidArgument(message)) => assert!(message.contains("96"), "{message}"),
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),

@@ -6,8 +6,8 @@ use laya::checkpoint::{Checkpoint, Location};
 use layad_cpu_kernels::CpuKernels;
 use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{
-    DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineFacts, EngineInfo, EngineOutput, EngineRow,
-    ForwardLimits, GpuInfo, LoadedCheckpoint, ParityReport, bucket_for,
+    CheckedForward, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineFacts, EngineInfo, GpuInfo,
+    LoadedCheckpoint, ParityReport, Row, RowOutput, bucket_for,
 };
 use rayon::prelude::*;
 
@@ -294,17 +294,11 @@ impl Engine for CandleEngine {
         }
     }
 
-    fn forward(&mut self, checkpoint: &str, rows: &[EngineRow]) -> Result<Vec<EngineOutput>, EngineError> {
+    fn forward(&mut self, forward: &CheckedForward) -> Result<Vec<RowOutput>, EngineError> {
+        let (checkpoint, rows) = (forward.checkpoint(), forward.rows());
         let named = self.find(checkpoint)?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        // The harness checked the rows already; an engine called directly checks them here.
-        ForwardLimits::from_info(&self.describe())
-            .check(checkpoint, rows)
-            .map_err(|invalid| EngineError::InvalidArgument(invalid.to_string()))?;
         let buckets = &self.length_buckets;
-        let run = |rows: &[EngineRow]| {
+        let run = |rows: &[Row]| {
             let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
             // The row contract already refused rows longer than the longest bucket.
             let pad_to = bucket_for(longest, buckets).map_or(longest, |b| b as usize);
@@ -331,19 +325,19 @@ impl Engine for CandleEngine {
 /// others; `mixed_batches_match_single_rows`). Every group reads all the weights once: g groups
 /// read them g times, which this CPU's memory bandwidth absorbed at two (docs/benchmarks.md, "Rows
 /// side by side"); pools of more threads have not been measured.
-fn side_by_side<F>(rows: &[EngineRow], threads: usize, run: F) -> candle_core::Result<Vec<EngineOutput>>
+fn side_by_side<F>(rows: &[Row], threads: usize, run: F) -> candle_core::Result<Vec<RowOutput>>
 where
-    F: Fn(&[EngineRow]) -> candle_core::Result<Vec<EngineOutput>> + Sync,
+    F: Fn(&[Row]) -> candle_core::Result<Vec<RowOutput>> + Sync,
 {
     let groups = row_groups(rows, threads);
-    let answers: Vec<candle_core::Result<Vec<EngineOutput>>> = groups
+    let answers: Vec<candle_core::Result<Vec<RowOutput>>> = groups
         .par_iter()
         .map(|group| {
-            let own: Vec<EngineRow> = group.iter().map(|&i| rows[i].clone()).collect();
+            let own: Vec<Row> = group.iter().map(|&i| rows[i].clone()).collect();
             run(&own)
         })
         .collect();
-    let mut outputs: Vec<Option<EngineOutput>> = vec![None; rows.len()];
+    let mut outputs: Vec<Option<RowOutput>> = vec![None; rows.len()];
     for (group, answer) in groups.iter().zip(answers) {
         let answer = answer?;
         if answer.len() != group.len() {
@@ -360,7 +354,7 @@ where
 /// The row indices of a batch in `min(groups, rows)` groups of nearly equal size: longest rows
 /// first, so each group's rows are of similar length and pad little, and the groups of the
 /// shortest rows take the extra rows.
-fn row_groups(rows: &[EngineRow], groups: usize) -> Vec<Vec<usize>> {
+fn row_groups(rows: &[Row], groups: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(rows[i].ids.len()));
     let groups = groups.clamp(1, rows.len().max(1));
@@ -383,13 +377,13 @@ fn saturating_u32(n: usize) -> u32 {
 mod tests {
     use super::*;
 
-    fn rows_of(lengths: &[usize]) -> Vec<EngineRow> {
+    fn rows_of(lengths: &[usize]) -> Vec<Row> {
         lengths
             .iter()
-            .map(|&n| EngineRow {
+            .map(|&n| Row {
                 ids: vec![1; n],
                 markers: vec![0],
-                qtype: 0,
+                qtype: laya::question::QuestionType::Choice,
             })
             .collect()
     }
@@ -411,10 +405,10 @@ mod tests {
     fn side_by_side_answers_in_the_rows_order_and_passes_errors_on() {
         let rows = rows_of(&[3, 9, 5, 7, 1]);
         // A stand-in forward that answers each row with its length.
-        let by_length = |rows: &[EngineRow]| {
+        let by_length = |rows: &[Row]| {
             Ok(rows
                 .iter()
-                .map(|r| EngineOutput {
+                .map(|r| RowOutput {
                     logits: vec![r.ids.len() as f32],
                     act_probabilities: vec![1.0],
                 })
@@ -428,7 +422,7 @@ mod tests {
             let lengths: Vec<f32> = outputs.iter().map(|o| o.logits[0]).collect();
             assert_eq!(lengths, [3.0, 9.0, 5.0, 7.0, 1.0], "{threads} groups");
         }
-        let failing = |rows: &[EngineRow]| {
+        let failing = |rows: &[Row]| {
             if rows.iter().any(|r| r.ids.len() == 1) {
                 candle_core::bail!("row of one token")
             }
@@ -438,7 +432,7 @@ mod tests {
             .install(|| side_by_side(&rows, 2, failing))
             .expect_err("a group failed");
         assert!(error.to_string().contains("row of one token"), "{error}");
-        let short = |rows: &[EngineRow]| by_length(&rows[1..]);
+        let short = |rows: &[Row]| by_length(&rows[1..]);
         let error = pool
             .install(|| side_by_side(&rows, 2, short))
             .expect_err("a group came back short");

@@ -17,7 +17,7 @@ use laya::question::parse_questions;
 use laya::request::{RequestLimits, parse_body};
 use laya::upstream::Upstream;
 use layad_cpu_kernels::int8::Int8Activations;
-use layad_proto::{EngineOutput, EngineRow, ParityReport};
+use layad_proto::{ParityReport, Row, RowOutput};
 
 use crate::device::Precision;
 use crate::error::LoadError;
@@ -59,7 +59,7 @@ const GATE_REQUESTS: [&str; 3] = [
 ];
 
 /// The gate's rows, one batch per built-in request, built for `checkpoint`.
-pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, String> {
+pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<Row>>, String> {
     let limits = RowLimits {
         max_len: checkpoint.agent.max_len,
         head_max_len: checkpoint.agent.head_max_len,
@@ -79,15 +79,7 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<EngineRow>>, Stri
                 upstream,
             )
             .map_err(|e| e.to_string())?;
-            Ok(built
-                .rows
-                .into_iter()
-                .map(|row| EngineRow {
-                    ids: row.ids,
-                    markers: row.markers,
-                    qtype: row.qtype as u32,
-                })
-                .collect())
+            Ok(built.rows)
         })
         .collect()
 }
@@ -281,10 +273,10 @@ fn refusal(name: &str, precision: Precision) -> impl Fn(String) -> LoadError + '
 /// Every gate batch through `model`, outputs in row order.
 fn run(
     model: &LayaModel,
-    batches: &[Vec<EngineRow>],
+    batches: &[Vec<Row>],
     precision: &str,
     refuse: &impl Fn(String) -> LoadError,
-) -> Result<Vec<EngineOutput>, LoadError> {
+) -> Result<Vec<RowOutput>, LoadError> {
     let mut outputs = Vec::new();
     for rows in batches {
         outputs.extend(
@@ -302,13 +294,13 @@ fn judge(
     checkpoint: &Checkpoint,
     (precision, tolerance): (Precision, f64),
     executor: String,
-    batches: &[Vec<EngineRow>],
-    reference: &[EngineOutput],
-    ours: &[EngineOutput],
+    batches: &[Vec<Row>],
+    reference: &[RowOutput],
+    ours: &[RowOutput],
 ) -> Result<ParityReport, LoadError> {
     let mut summary = GateSummary::default();
     for (index, ((row, want), got)) in batches.iter().flatten().zip(reference).zip(ours).enumerate() {
-        let temperature = parity::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
+        let temperature = laya::answer::temperature(&checkpoint.agent.temperatures, row.qtype, row.markers.len());
         let index = u32::try_from(index).unwrap_or(u32::MAX);
         summary.add(
             index,

@@ -6,9 +6,7 @@
 //! option differs although upstream's top-1/top-2 margin is ≥ 0.04), near-tie flips listed, all finite.
 
 use laya::answer::{calibrated_probabilities, first_argmax};
-use laya::config::Temperatures;
-use laya::question::QuestionType;
-use layad_proto::EngineOutput;
+use layad_proto::RowOutput;
 
 /// Largest allowed |difference| of a calibrated option probability or an act probability (FP16).
 pub const TOLERANCE: f64 = 0.02;
@@ -43,7 +41,7 @@ impl RowComparison {
 }
 
 /// Compares our output for one row with upstream's; `temperature` is the checkpoint's for this row.
-pub fn compare(ours: &EngineOutput, upstream_logits: &[f32], upstream_act: &[f32], temperature: f64) -> RowComparison {
+pub fn compare(ours: &RowOutput, upstream_logits: &[f32], upstream_act: &[f32], temperature: f64) -> RowComparison {
     let finite = ours.logits.len() == upstream_logits.len()
         && ours.act_probabilities.len() == upstream_act.len()
         && ours.logits.iter().chain(&ours.act_probabilities).all(|v| v.is_finite());
@@ -74,16 +72,6 @@ pub fn compare(ours: &EngineOutput, upstream_logits: &[f32], upstream_act: &[f32
         upstream_margin,
         finite,
     }
-}
-
-/// The temperature upstream applies to a row of this type and option count.
-pub fn temperature(temperatures: &Temperatures, qtype: u32, options: usize) -> f64 {
-    let qtype = match qtype {
-        1 => QuestionType::Score,
-        2 => QuestionType::Noul,
-        _ => QuestionType::Choice,
-    };
-    laya::answer::temperature(temperatures, qtype, options)
 }
 
 /// The gate over every compared row of one checkpoint.
@@ -164,8 +152,8 @@ impl GateSummary {
 mod tests {
     use super::*;
 
-    fn output(logits: Vec<f32>, act: Vec<f32>) -> EngineOutput {
-        EngineOutput {
+    fn output(logits: Vec<f32>, act: Vec<f32>) -> RowOutput {
+        RowOutput {
             logits,
             act_probabilities: act,
         }

@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
+use laya::question::QuestionType;
 use laya::routing::CheckpointName;
-use layad_proto::{Engine, EngineError, EngineRow};
+use layad_proto::{Engine, EngineError, Row, check_and_forward};
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, LoadError, Precision};
 
 fn location(name: CheckpointName) -> Location {
@@ -51,8 +52,8 @@ fn the_default_pool_has_a_thread_per_cpu() {
     assert_eq!(engine.cpu_threads(), Some(cpus));
 }
 
-fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: u32) -> EngineRow {
-    EngineRow { ids, markers, qtype }
+fn row(ids: Vec<u32>, markers: Vec<u32>, qtype: QuestionType) -> Row {
+    Row { ids, markers, qtype }
 }
 
 #[test]
@@ -98,12 +99,12 @@ fn info_reports_what_runs() {
 fn outputs_have_one_logit_per_marker_and_n_act_probabilities() {
     let mut engine = engine();
     let rows = [
-        row(vec![1, 5, 700, 9, 700, 2], vec![2, 4], 0),
-        row(vec![1, 700, 2], vec![1], 2),
+        row(vec![1, 5, 700, 9, 700, 2], vec![2, 4], QuestionType::Choice),
+        row(vec![1, 700, 2], vec![1], QuestionType::Noul),
     ];
-    let english = engine.forward("english", &rows).expect("forward");
+    let english = check_and_forward(&mut engine, "english", &rows).expect("forward");
     assert_eq!(english.iter().map(|o| o.logits.len()).collect::<Vec<_>>(), [2, 1]);
-    let multilingual = engine.forward("multilingual", &rows).expect("forward");
+    let multilingual = check_and_forward(&mut engine, "multilingual", &rows).expect("forward");
     for (outputs, n_act) in [(&english, 2), (&multilingual, 3)] {
         for out in outputs {
             assert_eq!(out.act_probabilities.len(), n_act);
@@ -111,11 +112,11 @@ fn outputs_have_one_logit_per_marker_and_n_act_probabilities() {
             assert!((sum - 1.0).abs() < 1e-5 && out.logits.iter().all(|l| l.is_finite()));
         }
     }
-    assert!(engine.forward("english", &[]).expect("no rows").is_empty());
+    assert_eq!(refusal(&mut engine, "english", &[]), "the forward has no rows");
 }
 
-fn refusal(engine: &mut CandleEngine, checkpoint: &str, rows: &[EngineRow]) -> String {
-    match engine.forward(checkpoint, rows) {
+fn refusal(engine: &mut CandleEngine, checkpoint: &str, rows: &[Row]) -> String {
+    match check_and_forward(engine, checkpoint, rows) {
         Err(EngineError::InvalidArgument(message)) => message,
         Err(other) => panic!("expected InvalidArgument, got {other}"),
         Ok(_) => panic!("expected a refusal"),
@@ -125,12 +126,12 @@ fn refusal(engine: &mut CandleEngine, checkpoint: &str, rows: &[EngineRow]) -> S
 #[test]
 fn invalid_requests_are_refused_with_a_reason() {
     let mut engine = engine();
-    let ok = row(vec![1, 700, 2], vec![1], 0);
-    let cases: Vec<(&str, Vec<EngineRow>, &str)> = vec![
+    let ok = row(vec![1, 700, 2], vec![1], QuestionType::Choice);
+    let cases: Vec<(&str, Vec<Row>, &str)> = vec![
         (
             "german",
             vec![ok.clone()],
-            "unknown checkpoint 'german'; loaded: english, multilingual",
+            "unknown checkpoint \"german\"; this worker serves english, multilingual",
         ),
         (
             "english",
@@ -139,29 +140,31 @@ fn invalid_requests_are_refused_with_a_reason() {
         ),
         (
             "english",
-            vec![row(vec![1; 60], vec![1], 0), row(vec![1; 41], vec![1], 0)],
+            vec![
+                row(vec![1; 60], vec![1], QuestionType::Choice),
+                row(vec![1; 41], vec![1], QuestionType::Choice),
+            ],
             "the forward has 101 tokens in all; this worker takes at most 100 tokens per forward",
         ),
         (
             "english",
-            vec![ok.clone(), row(vec![], vec![], 0)],
+            vec![ok.clone(), row(vec![], vec![], QuestionType::Choice)],
             "row 1 has no tokens",
         ),
         (
             "english",
-            vec![row(vec![1, 701, 2], vec![1], 0)],
+            vec![row(vec![1, 701, 2], vec![1], QuestionType::Choice)],
             "row 0 position 1 has token id 701; checkpoint english has 701 ids (0..701)",
         ),
-        ("english", vec![row(vec![1, 700, 2], vec![], 0)], "row 0 has no markers"),
         (
             "english",
-            vec![row(vec![1, 700, 2], vec![1, 3], 0)],
-            "row 0 marker 1 is at position 3, outside the row (3 tokens)",
+            vec![row(vec![1, 700, 2], vec![], QuestionType::Choice)],
+            "row 0 has no markers",
         ),
         (
             "english",
-            vec![row(vec![1, 700, 2], vec![1], 3)],
-            "row 0 has qtype 3; expected 0 (choice), 1 (score) or 2 (noul)",
+            vec![row(vec![1, 700, 2], vec![1, 3], QuestionType::Choice)],
+            "row 0 marker 1 is at position 3, outside the row (3 tokens)",
         ),
     ];
     for (checkpoint, rows, want) in cases {
@@ -169,8 +172,8 @@ fn invalid_requests_are_refused_with_a_reason() {
     }
     // Rows longer than the checkpoint's own max_len run (a 0.4.x request may ask for them).
     // (Rows past the 8192-token budget are refused by `rows::ForwardLimits`, tested there.)
-    let long = row(vec![5; 97], vec![1], 1);
-    assert!(engine.forward("english", &[long]).is_ok());
+    let long = row(vec![5; 97], vec![1], QuestionType::Score);
+    assert!(check_and_forward(&mut engine, "english", &[long]).is_ok());
 }
 
 #[test]

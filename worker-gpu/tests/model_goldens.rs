@@ -10,9 +10,8 @@ use common::{GoldenRow, golden_cases};
 use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
-use laya::question::QuestionType;
 use laya::routing::CheckpointName;
-use layad_proto::{Engine, EngineOutput, EngineRow};
+use layad_proto::{Row, RowOutput, check_and_forward};
 use worker_gpu::{
     CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, LayaModel, LoadError, Precision, parity,
 };
@@ -79,7 +78,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Worst logit and act-probability differences over all golden rows, checking each row with `check`.
 fn run_goldens(
     engine: &mut CandleEngine,
-    mut check: impl FnMut(&str, usize, &GoldenRow, &EngineOutput, &Checkpoint),
+    mut check: impl FnMut(&str, usize, &GoldenRow, &RowOutput, &Checkpoint),
 ) -> (f32, f32, usize) {
     let checkpoints: Vec<(String, Checkpoint)> = CheckpointName::ALL
         .iter()
@@ -87,8 +86,8 @@ fn run_goldens(
         .collect();
     let (mut worst_logit, mut worst_act, mut rows) = (0f32, 0f32, 0);
     for case in golden_cases() {
-        let inputs: Vec<EngineRow> = case.rows.iter().map(|r| r.row.clone()).collect();
-        let outputs = engine.forward(&case.checkpoint, &inputs).expect("forward");
+        let inputs: Vec<Row> = case.rows.iter().map(|r| r.row.clone()).collect();
+        let outputs = check_and_forward(engine, &case.checkpoint, &inputs).expect("forward");
         assert_eq!(outputs.len(), case.rows.len(), "{}", case.name);
         let checkpoint = &checkpoints
             .iter()
@@ -135,7 +134,7 @@ fn f32_matches_upstream_on_every_golden_row() {
 /// the others. A family the CPU lacks is refused at load, naming it.
 #[test]
 fn every_cpu_kernel_family_answers_like_upstream() {
-    let mut reference: Option<Vec<EngineOutput>> = None;
+    let mut reference: Option<Vec<RowOutput>> = None;
     let mut families = 0;
     for kernels in [CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
         if !kernels.available() {
@@ -181,9 +180,9 @@ fn rows_padded_to_length_buckets_answer_like_unpadded_rows() {
     let mut engine = engine_with_buckets(Precision::F32, vec![64, 96, 128]);
     let mut rows = 0;
     for case in golden_cases() {
-        let inputs: Vec<EngineRow> = case.rows.iter().map(|r| r.row.clone()).collect();
+        let inputs: Vec<Row> = case.rows.iter().map(|r| r.row.clone()).collect();
         let longest = inputs.iter().map(|r| r.ids.len()).max().unwrap_or(0);
-        let result = engine.forward(&case.checkpoint, &inputs);
+        let result = check_and_forward(&mut engine, &case.checkpoint, &inputs);
         if longest > 128 {
             assert!(result.is_err(), "{}: {longest} tokens exceed the buckets", case.name);
             continue;
@@ -199,12 +198,7 @@ fn rows_padded_to_length_buckets_answer_like_unpadded_rows() {
 
 /// Upstream's calibrated probabilities of a golden row (temperature per question type and size).
 fn calibrated(golden: &GoldenRow, checkpoint: &Checkpoint) -> Vec<f32> {
-    let qtype = match golden.row.qtype {
-        0 => QuestionType::Choice,
-        1 => QuestionType::Score,
-        _ => QuestionType::Noul,
-    };
-    let t = laya::answer::temperature(&checkpoint.agent.temperatures, qtype, golden.logits.len()) as f32;
+    let t = laya::answer::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len()) as f32;
     softmax(&golden.logits.iter().map(|l| l / t).collect::<Vec<_>>())
 }
 
@@ -513,11 +507,11 @@ fn ungated_int8_against_goldens(activations: Int8Activations) -> parity::GateSum
             .iter()
             .find(|(name, ..)| *name == case.checkpoint)
             .expect("known checkpoint");
-        let inputs: Vec<EngineRow> = case.rows.iter().map(|r| r.row.clone()).collect();
+        let inputs: Vec<Row> = case.rows.iter().map(|r| r.row.clone()).collect();
         let outputs = model.forward(&inputs).expect("forward");
         for (golden, out) in case.rows.iter().zip(&outputs) {
             logit = logit.max(max_abs_diff(&out.logits, &golden.logits));
-            let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
+            let t = laya::answer::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
             let index = summary.rows;
             summary.add(
                 index,
@@ -561,7 +555,7 @@ fn has_avx_vnni() -> bool {
 fn int8_against_goldens(engine: &mut CandleEngine, label: &str) -> parity::GateSummary {
     let mut summary = parity::GateSummary::default();
     let (logit, act, rows) = run_goldens(engine, |_, _, golden, out, checkpoint| {
-        let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
+        let t = laya::answer::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
         let index = summary.rows;
         summary.add(
             index,
@@ -583,7 +577,7 @@ fn mixed_batches_match_single_rows() {
     let mut engine = engine(Precision::F32);
     let cases = golden_cases();
     for checkpoint in ["english", "multilingual", "typed-decisions"] {
-        let rows: Vec<EngineRow> = cases
+        let rows: Vec<Row> = cases
             .iter()
             .filter(|c| c.checkpoint == checkpoint)
             .flat_map(|c| c.rows.iter().map(|r| r.row.clone()))
@@ -591,11 +585,10 @@ fn mixed_batches_match_single_rows() {
         let lengths: Vec<usize> = rows.iter().map(|r| r.ids.len()).collect();
         let spread = lengths.iter().max().expect("rows") - lengths.iter().min().expect("rows");
         assert!(spread >= 30, "{checkpoint}: lengths {lengths:?} do not vary enough");
-        let singles: Vec<EngineOutput> = rows
+        let singles: Vec<RowOutput> = rows
             .iter()
             .map(|r| {
-                engine
-                    .forward(checkpoint, std::slice::from_ref(r))
+                check_and_forward(&mut engine, checkpoint, std::slice::from_ref(r))
                     .expect("single")
                     .remove(0)
             })
@@ -610,8 +603,8 @@ fn mixed_batches_match_single_rows() {
         ]];
         mixes.push((0..rows.len()).rev().take(40).collect());
         for mix in mixes {
-            let batch: Vec<EngineRow> = mix.iter().map(|&i| rows[i].clone()).collect();
-            let outputs = engine.forward(checkpoint, &batch).expect("mixed batch");
+            let batch: Vec<Row> = mix.iter().map(|&i| rows[i].clone()).collect();
+            let outputs = check_and_forward(&mut engine, checkpoint, &batch).expect("mixed batch");
             for (&i, out) in mix.iter().zip(&outputs) {
                 let diff = max_abs_diff(&out.logits, &singles[i].logits)
                     .max(max_abs_diff(&out.act_probabilities, &singles[i].act_probabilities));

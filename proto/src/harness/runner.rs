@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Engine, EngineError, EngineInfo, EngineOutput, EngineRow};
+use crate::engine::CheckedForward;
+use crate::engine::{Engine, EngineError, EngineInfo, RowOutput};
 use crate::error::{HarnessError, LoadError};
 use crate::pb;
 use crate::rows::check_outputs;
@@ -29,7 +30,7 @@ pub(crate) struct Started {
 
 /// The answer to one batch.
 pub(crate) struct ForwardDone {
-    pub(crate) outputs: Vec<EngineOutput>,
+    pub(crate) outputs: Vec<RowOutput>,
     /// Wall time of the engine's forward call.
     pub(crate) device: Duration,
     /// Time the batch waited behind earlier ones.
@@ -46,8 +47,7 @@ pub(crate) enum RunError {
 }
 
 struct ForwardJob {
-    checkpoint: String,
-    rows: Vec<EngineRow>,
+    forward: CheckedForward,
     enqueued: Instant,
     reply: oneshot::Sender<Result<ForwardDone, EngineError>>,
     /// The caller's span (its request ids): the engine thread logs the batch inside it.
@@ -61,11 +61,10 @@ pub(crate) struct EngineRunner {
 
 impl EngineRunner {
     /// Queues one batch and waits for its answer.
-    pub(crate) async fn forward(&self, checkpoint: String, rows: Vec<EngineRow>) -> Result<ForwardDone, RunError> {
+    pub(crate) async fn forward(&self, forward: CheckedForward) -> Result<ForwardDone, RunError> {
         let (reply, answer) = oneshot::channel();
         let job = ForwardJob {
-            checkpoint,
-            rows,
+            forward,
             enqueued: Instant::now(),
             reply,
             span: tracing::Span::current(),
@@ -166,10 +165,10 @@ fn serve_batches<E: Engine>(
         let _span = job.span.enter();
         let queued = job.enqueued.elapsed();
         let start = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| engine.forward(&job.checkpoint, &job.rows))) {
+        match catch_unwind(AssertUnwindSafe(|| engine.forward(&job.forward))) {
             Ok(result) => {
                 let device = start.elapsed();
-                let answer = result.and_then(|outputs| match check_outputs(&job.rows, &outputs) {
+                let answer = result.and_then(|outputs| match check_outputs(job.forward.rows(), &outputs) {
                     Ok(()) => Ok(ForwardDone {
                         outputs,
                         device,

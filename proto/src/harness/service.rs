@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::memory;
 use super::options::HarnessOptions;
 use super::runner::{EngineRunner, RunError, Started, status_of};
-use crate::engine::{EngineError, EngineRow};
+use crate::engine::EngineError;
 use crate::pb::{self, PROTOCOL_VERSION};
 use crate::rows::ForwardLimits;
 
@@ -192,26 +192,25 @@ impl WorkerService {
             other => return Err(Status::unavailable(format!("worker is {}", other.label()))),
         }
         let request = request.into_inner();
-        let rows: Vec<EngineRow> = request.rows.into_iter().map(EngineRow::from).collect();
-        if let Err(problem) = shared.limits.check(&request.checkpoint, &rows) {
-            tracing::warn!(%problem, "forward refused");
-            return Err(Status::invalid_argument(problem.to_string()));
-        }
-        let done = shared
-            .runner
-            .forward(request.checkpoint, rows)
-            .await
-            .map_err(|error| match error {
-                RunError::Engine(EngineError::InvalidArgument(message)) => {
-                    tracing::warn!(problem = %message, "forward refused by the engine");
-                    Status::invalid_argument(message)
-                }
-                RunError::Engine(EngineError::Internal(message)) => {
-                    tracing::error!(error = %message, "forward failed");
-                    Status::internal(message)
-                }
-                RunError::Stopped => Status::unavailable("the engine has stopped"),
-            })?;
+        let checked = pb::decode_rows(request.rows).and_then(|rows| shared.limits.admit(request.checkpoint, rows));
+        let forward = match checked {
+            Ok(forward) => forward,
+            Err(problem) => {
+                tracing::warn!(%problem, "forward refused");
+                return Err(Status::invalid_argument(problem.to_string()));
+            }
+        };
+        let done = shared.runner.forward(forward).await.map_err(|error| match error {
+            RunError::Engine(EngineError::InvalidArgument(message)) => {
+                tracing::warn!(problem = %message, "forward refused by the engine");
+                Status::invalid_argument(message)
+            }
+            RunError::Engine(EngineError::Internal(message)) => {
+                tracing::error!(error = %message, "forward failed");
+                Status::internal(message)
+            }
+            RunError::Stopped => Status::unavailable("the engine has stopped"),
+        })?;
         shared.forwards_served.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             rows = done.outputs.len(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use laya::decision::RowOutput;
-use layad_proto::EngineRow;
+use laya::prompt::Row;
 use layad_proto::client::ClientError;
 use tokio_util::sync::CancellationToken;
 
@@ -93,15 +93,7 @@ async fn run_batch(
     let forward = forward_of(&batch);
     // The one copy of the token ids between the tokenizer and the socket: the jobs keep their rows
     // for a retry elsewhere, these move into the forward's message.
-    let rows: Vec<EngineRow> = batch
-        .iter()
-        .flat_map(|q| q.job.rows.iter())
-        .map(|r| EngineRow {
-            ids: r.ids.clone(),
-            markers: r.markers.clone(),
-            qtype: r.qtype as u32,
-        })
-        .collect();
+    let rows: Vec<Row> = batch.iter().flat_map(|q| q.job.rows.iter().cloned()).collect();
     // The batch was recorded as started (in flight, expected time) when it was taken.
     let started = Instant::now();
     for q in &mut batch {
@@ -142,10 +134,7 @@ async fn run_batch(
     match result {
         Ok(answer) => {
             let device_time = Duration::from_micros(answer.device_us);
-            let mut outputs = answer.outputs.into_iter().map(|o| RowOutput {
-                act_probability: o.act_probabilities.first().copied().unwrap_or(f32::NAN),
-                logits: o.logits,
-            });
+            let mut outputs = answer.outputs.into_iter();
             for q in batch {
                 let own: Vec<RowOutput> = outputs.by_ref().take(q.job.rows.len()).collect();
                 let _ = q.reply.send(Ok(PoolAnswer {

@@ -87,7 +87,7 @@ impl GoldenBackend {
                 let action: Vec<f32> = numbers(&row["action_logits"], |x| x.as_f64().expect("number") as f32);
                 let output = RowOutput {
                     logits: numbers(&row["logits"], |x| x.as_f64().expect("number") as f32),
-                    act_probability: laya::answer::softmax_f32(&action)[0],
+                    act_probabilities: laya::answer::softmax_f32(&action),
                 };
                 let ids = numbers(&row["ids"], |x| x.as_u64().expect("id") as u32);
                 let markers = numbers(&row["markers"], |x| x.as_u64().expect("marker") as u32);
@@ -119,7 +119,7 @@ impl Backend for GoldenBackend {
                     self.misses.fetch_add(1, Ordering::SeqCst);
                     RowOutput {
                         logits: vec![0.0; row.markers.len()],
-                        act_probability: 0.5,
+                        act_probabilities: vec![0.5, 0.5],
                     }
                 })
             })

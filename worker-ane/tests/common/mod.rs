@@ -138,7 +138,7 @@ pub fn write_parity(root: &Path, name: &str, sub: &str, _max_len: usize) {
         .filter(|f| f.checkpoint == name)
         .flat_map(|f| f.rows)
         .map(|r| {
-            json!({"ids": r.ids, "markers": r.markers, "qtype": r.qtype,
+            json!({"ids": r.ids, "markers": r.markers, "qtype": r.qtype.index(),
                    "logits": r.logits, "act_probabilities": r.act_probabilities})
         })
         .collect();

@@ -2,7 +2,7 @@
 //! the flat positions the head reads out (each row's first token and its option markers).
 
 use candle_core::{Device, Tensor};
-use layad_proto::EngineRow;
+use layad_proto::Row;
 
 /// Id written into padding; any id works, since padded keys are masked everywhere.
 const PAD_ID: u32 = 0;
@@ -30,7 +30,7 @@ pub(crate) struct PaddedBatch {
 impl PaddedBatch {
     /// Lays out `rows` (already validated: non-empty, markers inside their row) on `device`, padded
     /// to the longest row or to `pad_to` if that is longer.
-    pub(crate) fn new(rows: &[EngineRow], pad_to: usize, device: &Device) -> candle_core::Result<Self> {
+    pub(crate) fn new(rows: &[Row], pad_to: usize, device: &Device) -> candle_core::Result<Self> {
         let len = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0).max(pad_to);
         let kmax = rows.iter().map(|r| r.markers.len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(rows.len() * len);
@@ -43,7 +43,7 @@ impl PaddedBatch {
             selected.extend(row.markers.iter().map(|m| start + m));
             selected.resize((i + 1) * (1 + kmax), start);
         }
-        let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype).collect();
+        let qtypes: Vec<u32> = rows.iter().map(|r| r.qtype.index()).collect();
         Ok(Self {
             len,
             lengths: rows.iter().map(|r| r.ids.len()).collect(),
@@ -64,19 +64,20 @@ impl PaddedBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use laya::question::QuestionType;
 
     #[test]
     fn pads_ids_and_points_missing_markers_at_the_first_token() -> candle_core::Result<()> {
         let rows = [
-            EngineRow {
+            Row {
                 ids: vec![5, 6, 7],
                 markers: vec![1, 2],
-                qtype: 0,
+                qtype: QuestionType::Choice,
             },
-            EngineRow {
+            Row {
                 ids: vec![8],
                 markers: vec![0],
-                qtype: 2,
+                qtype: QuestionType::Noul,
             },
         ];
         let batch = PaddedBatch::new(&rows, 0, &Device::Cpu)?;

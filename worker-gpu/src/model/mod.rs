@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
 use layad_cpu_kernels::CpuKernels;
 use layad_cpu_kernels::int8::Int8Activations;
-use layad_proto::{EngineOutput, EngineRow};
+use layad_proto::{Row, RowOutput};
 
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
@@ -246,13 +246,13 @@ impl LayaModel {
     }
 
     /// Runs `rows` as one right-padded batch. Rows must be valid for this model (see the engine).
-    pub fn forward(&self, rows: &[EngineRow]) -> candle_core::Result<Vec<EngineOutput>> {
+    pub fn forward(&self, rows: &[Row]) -> candle_core::Result<Vec<RowOutput>> {
         self.forward_padded(rows, 0)
     }
 
     /// Like [`LayaModel::forward`], every row padded to at least `pad_to` tokens (a length bucket);
     /// padded positions are masked, so answers change only by float rounding.
-    pub fn forward_padded(&self, rows: &[EngineRow], pad_to: usize) -> candle_core::Result<Vec<EngineOutput>> {
+    pub fn forward_padded(&self, rows: &[Row], pad_to: usize) -> candle_core::Result<Vec<RowOutput>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -264,7 +264,7 @@ impl LayaModel {
             .logits
             .into_iter()
             .zip(out.act_logits)
-            .map(|(logits, act_logits)| EngineOutput {
+            .map(|(logits, act_logits)| RowOutput {
                 logits,
                 act_probabilities: decision_head::softmax(&act_logits),
             })

@@ -1,13 +1,13 @@
 //! What the worker-gpu tests share: upstream's golden forwards with their rows as the engine takes
 //! them (`layad_system_tests::goldens` has no dependency on the worker protocol's types).
 
-use layad_proto::EngineRow;
+use layad_proto::Row;
 use layad_system_tests::goldens::golden_forwards;
 
 /// One golden row and upstream's outputs for it.
 pub struct GoldenRow {
     /// The row as the engine takes it.
-    pub row: EngineRow,
+    pub row: Row,
     /// Upstream's fp32 logits, one per marker.
     pub logits: Vec<f32>,
     /// Softmax of upstream's act logits.
@@ -35,7 +35,7 @@ pub fn golden_cases() -> Vec<Case> {
                 .rows
                 .into_iter()
                 .map(|r| GoldenRow {
-                    row: EngineRow {
+                    row: Row {
                         ids: r.ids,
                         markers: r.markers,
                         qtype: r.qtype,

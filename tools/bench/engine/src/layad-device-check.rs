@@ -12,8 +12,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
+use laya::question::QuestionType;
 use laya::routing::CheckpointName;
-use layad_proto::{Engine, EngineRow, ParityReport};
+use layad_proto::{Engine, ParityReport, Row, check_and_forward};
 use serde_json::{Value, json};
 use worker_gpu::parity::{self, GateSummary};
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, Precision};
@@ -43,7 +44,7 @@ struct Args {
 
 /// One golden row: the engine's input and upstream's outputs.
 struct GoldenRow {
-    row: EngineRow,
+    row: Row,
     logits: Vec<f32>,
     act_probabilities: Vec<f32>,
 }
@@ -87,10 +88,14 @@ fn read_cases(fixtures: &Path) -> Result<Vec<Case>, String> {
             .map(|row| {
                 let act: Vec<f32> = numbers(&row["action_logits"])?.into_iter().map(|x| x as f32).collect();
                 Ok(GoldenRow {
-                    row: EngineRow {
+                    row: Row {
                         ids: numbers(&row["ids"])?.into_iter().map(|x| x as u32).collect(),
                         markers: numbers(&row["markers"])?.into_iter().map(|x| x as u32).collect(),
-                        qtype: row["qtype"].as_u64().ok_or_else(|| bad("row without qtype"))? as u32,
+                        qtype: row["qtype"]
+                            .as_u64()
+                            .and_then(|q| u32::try_from(q).ok())
+                            .and_then(QuestionType::from_index)
+                            .ok_or_else(|| bad("row without a qtype of 0, 1 or 2"))?,
                     },
                     logits: numbers(&row["logits"])?.into_iter().map(|x| x as f32).collect(),
                     act_probabilities: softmax(&act),
@@ -142,9 +147,8 @@ fn run_goldens(engine: &mut CandleEngine, cases: &[Case], opened: &[(String, Che
         summary: GateSummary::default(),
     };
     for case in cases {
-        let inputs: Vec<EngineRow> = case.rows.iter().map(|r| r.row.clone()).collect();
-        let outputs = engine
-            .forward(&case.checkpoint, &inputs)
+        let inputs: Vec<Row> = case.rows.iter().map(|r| r.row.clone()).collect();
+        let outputs = check_and_forward(engine, &case.checkpoint, &inputs)
             .map_err(|e| format!("forward on {}: {e}", case.checkpoint))?;
         let checkpoint = &opened
             .iter()
@@ -156,7 +160,7 @@ fn run_goldens(engine: &mut CandleEngine, cases: &[Case], opened: &[(String, Che
             run.worst_act = run
                 .worst_act
                 .max(max_abs_diff(&out.act_probabilities, &golden.act_probabilities));
-            let t = parity::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
+            let t = laya::answer::temperature(&checkpoint.agent.temperatures, golden.row.qtype, golden.logits.len());
             let index = u32::try_from(run.rows).unwrap_or(u32::MAX);
             run.summary.add(
                 index,

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use laya::checkpoint::Location;
+use laya::question::QuestionType;
 use layad_proto::logging::LogFormat;
-use layad_proto::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineRow, WorkerArgs, WorkerClient};
+use layad_proto::{DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, ForwardLimits, Row, WorkerArgs, WorkerClient};
 use serde_json::json;
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions};
 
@@ -75,6 +76,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab = info.checkpoints[0].vocab_size;
     let row = bench_row(args.tokens, vocab);
     let rows = std::slice::from_ref(&row);
+    // Checked once, as the harness checks a served forward once.
+    let checked = ForwardLimits::from_info(&info).admit("bench".to_owned(), rows.to_vec())?;
 
     let socket_dir = std::env::temp_dir().join(format!("layad-hop-bench-{}", std::process::id()));
     let socket = socket_dir.join("worker.sock");
@@ -83,7 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = runtime.block_on(connect(&socket, &mut worker))?;
 
     for _ in 0..args.warmup {
-        engine.forward("bench", rows)?;
+        engine.forward(&checked)?;
         runtime.block_on(client.forward("bench", rows))?;
     }
     let mut in_process = Vec::with_capacity(args.calls);
@@ -97,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::thread::sleep(Duration::from_micros(args.in_process_gap_us));
             }
             let start = Instant::now();
-            engine.forward("bench", rows)?;
+            engine.forward(&checked)?;
             in_process.push(start.elapsed());
         }
         for _ in 0..block {
@@ -168,7 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// A row shaped like a real prompt: three option markers, ids spread over the vocabulary.
-fn bench_row(tokens: u32, vocab: u32) -> EngineRow {
+fn bench_row(tokens: u32, vocab: u32) -> Row {
     let ids = (0..tokens)
         .map(|i| 4 + (i * 37) % vocab.saturating_sub(4).max(1))
         .collect();
@@ -176,7 +179,11 @@ fn bench_row(tokens: u32, vocab: u32) -> EngineRow {
         .into_iter()
         .filter(|&m| m > 0)
         .collect();
-    EngineRow { ids, markers, qtype: 0 }
+    Row {
+        ids,
+        markers,
+        qtype: QuestionType::Choice,
+    }
 }
 
 fn spawn_worker(bin: &Path, checkpoint: &Path, socket: &Path, args: &Args) -> std::io::Result<Child> {

@@ -16,7 +16,8 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use laya::checkpoint::Location;
-use layad_proto::{Engine, EngineRow};
+use laya::question::QuestionType;
+use layad_proto::{Engine, ForwardLimits, Row};
 use serde_json::{Value, json};
 use worker_gpu::device::CpuThreads;
 use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, Precision};
@@ -137,14 +138,14 @@ impl Cell {
 }
 
 /// The bench's inputs, identical to `torch_forward.py`'s `bench_inputs`.
-fn bench_rows(length: usize, rows: usize, vocab: usize) -> Vec<EngineRow> {
+fn bench_rows(length: usize, rows: usize, vocab: usize) -> Vec<Row> {
     (0..rows)
-        .map(|r| EngineRow {
+        .map(|r| Row {
             ids: (0..length)
                 .map(|t| ((r * 1009 + t * 7919 + 17) % vocab) as u32)
                 .collect(),
             markers: vec![(length / 4) as u32, (length / 2) as u32, (3 * length / 4) as u32],
-            qtype: (r % 3) as u32,
+            qtype: [QuestionType::Choice, QuestionType::Score, QuestionType::Noul][r % 3],
         })
         .collect()
 }
@@ -311,7 +312,10 @@ impl ModelRun<'_> {
                 .map(|kernel| format!(" ({kernel})"))
                 .unwrap_or_default();
             for &shape in &self.shapes {
-                let inputs = bench_rows(shape.0, shape.1, spec.vocab);
+                // Checked once here, as the harness checks a served forward once.
+                let inputs = ForwardLimits::from_info(&engine.describe())
+                    .admit(spec.name.to_owned(), bench_rows(shape.0, shape.1, spec.vocab))
+                    .map_err(|e| e.to_string())?;
                 let kernels = engine.kernels().map_or_else(
                     || worker_gpu::device::device_label(engine.device()),
                     |k| k.as_str().to_owned(),
@@ -319,7 +323,7 @@ impl ModelRun<'_> {
                 let mut cell = self.new_cell(format!("candle {precision} {kernels}{int8_kernel}"), shape, round);
                 // After an idle gap, one untimed warm-up forward, then timed forwards back to back.
                 self.gap();
-                let warm = engine.forward(spec.name, &inputs).map_err(|e| e.to_string())?;
+                let warm = engine.forward(&inputs).map_err(|e| e.to_string())?;
                 if precision == Precision::F32 && !out.candle_f32.iter().any(|(s, _)| *s == shape) {
                     let logits = warm.iter().map(|o| o.logits.clone()).collect();
                     let act = warm.iter().map(|o| o.act_probabilities.clone()).collect();
@@ -327,7 +331,7 @@ impl ModelRun<'_> {
                 }
                 let start = Instant::now();
                 while self.keep_going(cell.times_ms.len(), start) {
-                    let (result, ms) = timed(|| engine.forward(spec.name, &inputs));
+                    let (result, ms) = timed(|| engine.forward(&inputs));
                     result.map_err(|e| e.to_string())?;
                     cell.times_ms.push(ms);
                 }
