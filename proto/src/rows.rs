@@ -1,6 +1,7 @@
 //! The row contract between the supervisor and every worker, in one place: what a forward may hold
-//! (checked by the harness before any engine, and by engines called directly), what an engine must
-//! answer, how rows are padded to length buckets, and the defaults of the limits of one forward.
+//! (checked once, by the harness before any engine, or by [`check_and_forward`] for callers that
+//! hold an engine directly), what an engine must answer, how rows are padded to length buckets, and
+//! the defaults of the limits of one forward.
 //!
 //! The supervisor plans its batches with the same bucket choice and defaults, so what it sends is
 //! what a worker accepts.
@@ -182,7 +183,7 @@ impl ForwardLimits {
 }
 
 impl RowLimits {
-    /// Checks row number `row` of a forward: tokens, ids, markers, question type.
+    /// Checks row number `row` of a forward: tokens, ids, markers (its question type is typed).
     pub fn check(&self, row: usize, data: &Row) -> Result<(), InvalidForward> {
         let len = data.ids.len();
         if len == 0 {

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::CheckedForward;
-use crate::engine::{Engine, EngineError, EngineInfo, RowOutput};
+use crate::engine::{CheckedForward, Engine, EngineError, EngineInfo, RowOutput};
 use crate::error::{HarnessError, LoadError};
 use crate::pb;
 use crate::rows::check_outputs;
