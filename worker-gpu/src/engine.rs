@@ -298,7 +298,7 @@ impl Engine for CandleEngine {
         let (checkpoint, rows) = (forward.checkpoint(), forward.rows());
         let named = self.find(checkpoint)?;
         let buckets = &self.length_buckets;
-        let run = |rows: &[Row]| {
+        let run = |rows: &[&Row]| {
             let longest = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
             // The row contract already refused rows longer than the longest bucket.
             let pad_to = bucket_for(longest, buckets).map_or(longest, |b| b as usize);
@@ -306,8 +306,8 @@ impl Engine for CandleEngine {
         };
         let outputs = match &self.threads {
             Some(pool) if pool.threads() > 1 && rows.len() > 1 => pool.run(|| side_by_side(rows, pool.threads(), run)),
-            Some(pool) => pool.run(|| run(rows)),
-            None => run(rows),
+            Some(pool) => pool.run(|| run(&rows.iter().collect::<Vec<_>>())),
+            None => run(&rows.iter().collect::<Vec<_>>()),
         };
         outputs.map_err(|e| EngineError::Internal(format!("forward on '{checkpoint}' failed: {e}")))
     }
@@ -327,13 +327,14 @@ impl Engine for CandleEngine {
 /// side by side"); pools of more threads have not been measured.
 fn side_by_side<F>(rows: &[Row], threads: usize, run: F) -> candle_core::Result<Vec<RowOutput>>
 where
-    F: Fn(&[Row]) -> candle_core::Result<Vec<RowOutput>> + Sync,
+    F: Fn(&[&Row]) -> candle_core::Result<Vec<RowOutput>> + Sync,
 {
     let groups = row_groups(rows, threads);
     let answers: Vec<candle_core::Result<Vec<RowOutput>>> = groups
         .par_iter()
         .map(|group| {
-            let own: Vec<Row> = group.iter().map(|&i| rows[i].clone()).collect();
+            // Borrowed: the padded batch is where a row's ids are copied.
+            let own: Vec<&Row> = group.iter().map(|&i| &rows[i]).collect();
             run(&own)
         })
         .collect();
@@ -405,7 +406,7 @@ mod tests {
     fn side_by_side_answers_in_the_rows_order_and_passes_errors_on() {
         let rows = rows_of(&[3, 9, 5, 7, 1]);
         // A stand-in forward that answers each row with its length.
-        let by_length = |rows: &[Row]| {
+        let by_length = |rows: &[&Row]| {
             Ok(rows
                 .iter()
                 .map(|r| RowOutput {
@@ -422,7 +423,7 @@ mod tests {
             let lengths: Vec<f32> = outputs.iter().map(|o| o.logits[0]).collect();
             assert_eq!(lengths, [3.0, 9.0, 5.0, 7.0, 1.0], "{threads} groups");
         }
-        let failing = |rows: &[Row]| {
+        let failing = |rows: &[&Row]| {
             if rows.iter().any(|r| r.ids.len() == 1) {
                 candle_core::bail!("row of one token")
             }
@@ -432,7 +433,7 @@ mod tests {
             .install(|| side_by_side(&rows, 2, failing))
             .expect_err("a group failed");
         assert!(error.to_string().contains("row of one token"), "{error}");
-        let short = |rows: &[Row]| by_length(&rows[1..]);
+        let short = |rows: &[&Row]| by_length(&rows[1..]);
         let error = pool
             .install(|| side_by_side(&rows, 2, short))
             .expect_err("a group came back short");

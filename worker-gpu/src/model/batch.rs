@@ -1,6 +1,8 @@
 //! Rows of different lengths as one right-padded batch on the device: token ids, question types and
 //! the flat positions the head reads out (each row's first token and its option markers).
 
+use std::borrow::Borrow;
+
 use candle_core::{Device, Tensor};
 use layad_proto::Row;
 
@@ -29,8 +31,10 @@ pub(crate) struct PaddedBatch {
 
 impl PaddedBatch {
     /// Lays out `rows` (already validated: non-empty, markers inside their row) on `device`, padded
-    /// to the longest row or to `pad_to` if that is longer.
-    pub(crate) fn new(rows: &[Row], pad_to: usize, device: &Device) -> candle_core::Result<Self> {
+    /// to the longest row or to `pad_to` if that is longer. The rows may be borrowed (a group of a
+    /// batch's rows): this is the one copy of their ids on the worker.
+    pub(crate) fn new<R: Borrow<Row>>(rows: &[R], pad_to: usize, device: &Device) -> candle_core::Result<Self> {
+        let rows: Vec<&Row> = rows.iter().map(Borrow::borrow).collect();
         let len = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0).max(pad_to);
         let kmax = rows.iter().map(|r| r.markers.len()).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(rows.len() * len);

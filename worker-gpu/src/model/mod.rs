@@ -5,6 +5,7 @@ pub(crate) mod batch;
 pub(crate) mod decision_head;
 pub(crate) mod modernbert;
 
+use std::borrow::Borrow;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -252,7 +253,7 @@ impl LayaModel {
 
     /// Like [`LayaModel::forward`], every row padded to at least `pad_to` tokens (a length bucket);
     /// padded positions are masked, so answers change only by float rounding.
-    pub fn forward_padded(&self, rows: &[Row], pad_to: usize) -> candle_core::Result<Vec<RowOutput>> {
+    pub fn forward_padded<R: Borrow<Row>>(&self, rows: &[R], pad_to: usize) -> candle_core::Result<Vec<RowOutput>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
