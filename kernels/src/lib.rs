@@ -14,7 +14,7 @@
 //!   call, because the tiles' shapes and element types differ.
 //! - [`f32`](mod@f32): [`f32::PackedWeight`], float32 weights packed once into column panels;
 //!   `f32/simd.rs` is the microkernel for both x86-64 families through `pulp` (AVX-512F, AVX2 +
-//!   FMA), the portable tile beside it.
+//!   FMA), the portable tile beside it, and `f32/tile.rs` the call both take.
 //! - [`int8`]: [`int8::QuantizedWeight`], weights quantized per column for the integer kernel
 //!   chosen beside the family ([`int8::Int8Kernel`]): `mod.rs` the weight and its two layouts
 //!   (u8 × s8 quads, i16 pairs); `activations.rs` the rows' quantization ([`int8::Int8Activations`],
@@ -22,10 +22,12 @@
 //!   layout's loop with its portable tile; `vnni.rs` (AVX512-VNNI) and `avx_vnni.rs` (AVX-VNNI) the
 //!   SIMD microkernels, row quantization and combine; AMX's `tdpbusd` through [`amx`].
 //! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
-//!   microkernel (`vdpbf16ps`), AMX's `tdpbf16ps` through [`amx`].
+//!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
+//!   `tdpbf16ps` through [`amx`].
 //! - [`amx`]: Intel AMX (Sapphire Rapids and later Xeons): the CPU's tile permission and why it was
-//!   refused ([`amx::Amx::detect`]), and one driver that multiplies row-major activation words by
-//!   packed 32-column weight panels on the tile registers, for two formats:
+//!   refused ([`amx::Amx::detect`]), and one driver (`amx/tiles.rs`) that multiplies row-major
+//!   activation words by packed 32-column weight panels on the tile registers, for two formats
+//!   (`amx/product.rs`: the sizes, the formats, a block of products and its portable model):
 //!   - `tdpbusd`: u8 activations × s8 weights, four depths per 32-bit word, exact i32 sums
 //!     ([`amx::Int8Tiles`]);
 //!   - `tdpbf16ps`: bf16 activations × bf16 weights, two depths per word, f32 sums

@@ -12,8 +12,7 @@
 
 use std::arch::asm;
 
-use super::private::Instruction;
-use super::{PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, TileFormat, TileProduct};
+use super::product::{Instruction, PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, TileFormat, TileProduct};
 
 /// Bytes of one depth word of a panel: 32 columns of 4 bytes.
 const PANEL_ROW_BYTES: usize = PANEL_COLUMNS * 4;

@@ -10,7 +10,7 @@ use std::arch::x86_64::{
     _mm512_maskz_loadu_ps, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
-use super::{Bf16TileCall, MR, NR};
+use super::tile::{Bf16TileCall, MR, NR};
 
 /// Proof that this CPU has AVX-512F, AVX-512BW and AVX512_BF16.
 #[derive(Clone, Copy)]

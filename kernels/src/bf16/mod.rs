@@ -18,17 +18,16 @@ use rayon::prelude::*;
 
 use crate::CpuWeight;
 use crate::amx::{Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
-use crate::driver::{NextSlices, Prefetch, bias_rows, in_column_blocks};
+use crate::driver::{NextSlices, bias_rows, in_column_blocks};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(test)]
 mod tests;
+mod tile;
 
-/// Columns per packed panel: two AVX-512 registers of f32 sums.
-const NR: usize = 32;
-/// Rows of the activation tile one kernel call computes.
-const MR: usize = 8;
+use tile::{Bf16TileCall, MR, NR};
+
 /// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
 const KC: usize = 128;
 
@@ -227,20 +226,6 @@ impl Bf16Weight {
             depth += kc;
         }
     }
-}
-
-/// One kernel call: `rows` rows of packed bf16 pairs (`MR` words per pair) times one panel slice
-/// (`2·NR` bf16 per pair), into `out` (rows `stride` apart), added to what `out` holds when
-/// `accumulate`.
-struct Bf16TileCall<'a> {
-    x: &'a [u32],
-    panel: &'a [u16],
-    out: &'a mut [f32],
-    stride: usize,
-    accumulate: bool,
-    /// Weights to request into L2 during the call ([`NextSlices`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    prefetch: Prefetch<'a, u16>,
 }
 
 /// The tile in portable code (the same products in f32; the sums may differ from `vdpbf16ps` in

@@ -11,19 +11,21 @@ use rayon::prelude::*;
 use crate::CpuKernels;
 use crate::CpuWeight;
 use crate::bf16::Bf16Weight;
-use crate::driver::{NextSlices, Prefetch, bias_rows, in_column_blocks};
+use crate::driver::{NextSlices, bias_rows, in_column_blocks};
 use crate::int8::{Int8Kernel, QuantizedWeight};
 
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
 pub(crate) mod tests;
+mod tile;
+
+pub use tile::MR;
+pub(crate) use tile::TileCall;
 
 #[cfg(target_arch = "x86_64")]
 use simd::simd_tile;
 
-/// Rows of the activation tile one kernel call computes.
-pub const MR: usize = 6;
 /// Depth of one pass: a weight panel's slice of `KC` rows stays in L1 while every row tile uses it.
 const KC: usize = 256;
 
@@ -240,22 +242,6 @@ pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
         }
     });
     packed
-}
-
-/// One kernel call: `R` rows of packed activations times one panel slice, into `out` (rows `stride`
-/// apart), added to what `out` holds when `accumulate`.
-pub(crate) struct TileCall<'a> {
-    /// Packed activation rows (`MR` values per depth), as [`pack_rows`] lays them out.
-    pub(crate) x: &'a [f32],
-    /// One panel: `nr` values per depth, as many depths as `x` has.
-    pub(crate) panel: &'a [f32],
-    /// The first output row; row `r` starts at `r·stride`, `nr` values each.
-    pub(crate) out: &'a mut [f32],
-    pub(crate) stride: usize,
-    pub(crate) accumulate: bool,
-    /// Weights to request into L2 during the call ([`NextSlices`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(crate) prefetch: Prefetch<'a, f32>,
 }
 
 impl CpuWeight for PackedWeight {

@@ -4,7 +4,7 @@
 
 use pulp::{Simd, WithSimd};
 
-use super::{MR, TileCall};
+use super::tile::{MR, TileCall};
 
 /// The SIMD tile for `rows` rows (x86-64 only: elsewhere the CPU path is candle's, and the
 /// families that call this are never chosen).
