@@ -16,11 +16,13 @@
 //!   `f32/simd.rs` is the microkernel for both x86-64 families through `pulp` (AVX-512F, AVX2 +
 //!   FMA), the portable tile beside it, and `f32/tile.rs` the call both take.
 //! - [`int8`]: [`int8::QuantizedWeight`], weights quantized per column for the integer kernel
-//!   chosen beside the family ([`int8::Int8Kernel`]): `mod.rs` the weight and its two layouts
-//!   (u8 × s8 quads, i16 pairs); `activations.rs` the rows' quantization ([`int8::Int8Activations`],
-//!   outliers included); `combine.rs` integer sums to floats; `quads.rs` and `pairs.rs` each
-//!   layout's loop with its portable tile; `vnni.rs` (AVX512-VNNI) and `avx_vnni.rs` (AVX-VNNI) the
-//!   SIMD microkernels, row quantization and combine; AMX's `tdpbusd` through [`amx`].
+//!   chosen beside the family ([`int8::Int8Kernel`]): `layout.rs` the weight, its two layouts
+//!   (u8 × s8 quads, i16 pairs) and what every int8 module shares; `mod.rs` quantizing, the
+//!   product and its combine; `activations.rs` the rows' quantization passes
+//!   ([`int8::Int8Activations`], outliers included); `combine.rs` integer sums to floats;
+//!   `quads.rs` and `pairs.rs` each layout's row packing and loop with its portable tile; `vnni.rs`
+//!   (AVX512-VNNI) and `avx_vnni.rs` (AVX-VNNI) the SIMD microkernels, row quantization and
+//!   combine; AMX's `tdpbusd` through [`amx`].
 //! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
 //!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
 //!   `tdpbf16ps` through [`amx`].

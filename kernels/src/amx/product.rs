@@ -185,6 +185,8 @@ impl<F: TileFormat> TileProduct<'_, F> {
     }
 }
 
+// The tile code (x86-64 only) matches on it.
+#[cfg(target_arch = "x86_64")]
 pub(super) use private::Instruction;
 
 mod private {

@@ -19,8 +19,8 @@ use std::arch::x86_64::{
 
 use super::activations::{RowQuant, round_small, row_levels};
 use super::combine::Combine;
-use super::quads::QuadTileCall;
-use super::{MR_Q, NR_Q};
+use super::layout::QuadTileCall;
+use super::layout::{MR_Q, NR_Q};
 use crate::driver::Prefetch;
 
 /// Plane rows per register block: four accumulators (32 columns) each, 12 of the 16 ymm

@@ -52,7 +52,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use crate::amx::Amx;
 use crate::amx::TILE_WORDS;
-use crate::driver::{bias_rows, in_column_ranges, with_reused};
+use crate::driver::{ColumnRange, bias_rows, in_column_ranges, with_reused};
 use crate::{CpuKernels, CpuWeight};
 
 mod activations;
@@ -66,50 +66,14 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
-pub use activations::Int8Activations;
-use activations::{RowOutliers, round_small};
+mod layout;
 
-/// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
-const NR: usize = 16;
-/// Rows of the activation tile one pair-kernel call computes.
-const MR: usize = 6;
-/// Depth pairs of one pass: a panel slice of `KC` pairs (8 KiB) stays in L1.
-const KC: usize = 128;
-/// Columns per packed panel of the u8 × s8 quad layout (two AVX-512 registers of i32 sums).
-const NR_Q: usize = 32;
-/// (Plane) rows of the activation tile one quad-kernel call computes: 16 accumulator registers of
-/// the 32 AVX-512 has, two for the weights.
-const MR_Q: usize = 8;
-/// Depth quads of one pass: a panel slice of `KC_Q` quads (16 KiB) stays in L1.
-const KC_Q: usize = 128;
-/// Deepest product the quad layout sums in i32 without overflow.
-const MAX_QUAD_DEPTH: usize = i32::MAX as usize / (255 * WEIGHT_LEVELS as usize);
-/// Largest weight level: symmetric int8 without −128.
-const WEIGHT_LEVELS: i32 = 127;
-/// Largest activation level (i16, symmetric) of the pair layout.
-const MAX_ACTIVATION_LEVELS: i32 = i16::MAX as i32;
-
-/// The integer kernel a quantized weight runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Int8Kernel {
-    /// `tdpbusd` on AMX tiles (with AVX512-VNNI for the rows' quantization and the combine): u8 ×
-    /// s8 quads, the VNNI layout's panels.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Amx,
-    /// `vpdpbusd` on 512-bit registers (AVX512-VNNI, with AVX-512F/BW): u8 × s8 quads.
-    // Elsewhere only the tests name it (they skip it where the CPU lacks it).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512Vnni,
-    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, with AVX2 and FMA: Alder Lake and later Intel
-    /// cores, Zen 5): the same u8 × s8 quads and packed panels, four registers per 32 columns.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    AvxVnni,
-    /// `_mm256_madd_epi16` through pulp's AVX2 token (x86-64 with AVX2 + FMA): i16 pairs.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    /// Portable integer code on the i16 pair layout: other CPUs.
-    Scalar,
-}
+use activations::{RowOutliers, RowQuant, round_small};
+use combine::{Combine, OutlierProducts};
+pub use layout::{Int8Activations, Int8Kernel, QuantizedWeight};
+use layout::{MAX_ACTIVATION_LEVELS, MAX_QUAD_DEPTH, NR, NR_Q, Panels, WEIGHT_LEVELS};
+#[cfg(target_arch = "x86_64")]
+use quads::QuadSimd;
 
 impl Int8Kernel {
     /// The best integer kernel this CPU runs.
@@ -173,43 +137,6 @@ impl Int8Kernel {
             Self::Scalar => "portable",
         }
     }
-}
-
-/// The packed integer weights, in the layout of the kernel that runs them.
-enum Panels {
-    /// Panel `p` holds columns `p·16 .. p·16 + 16` (zero past `n`); per depth pair `d`, column `c`
-    /// holds `[w(2d, c), w(2d + 1, c)]` (zero past `k`), so one `madd_epi16` by a broadcast
-    /// activation pair gives 8 columns' sums of two products.
-    Pairs {
-        /// `k` rounded up to pairs.
-        pairs: usize,
-        panels: Vec<i16>,
-        /// Activation levels: rows are quantized to `−levels ..= levels`.
-        activation_levels: i32,
-    },
-    /// Panel `p` holds columns `p·32 .. p·32 + 32` (zero past `n`); per depth quad `q`, column `c`
-    /// holds the bytes `w(4q .. 4q + 4, c)` (zero past `k`), so one `vpdpbusd` by a broadcast quad
-    /// of u8 activations gives 16 columns' sums of four products.
-    Quads {
-        /// `k` rounded up to quads.
-        quads: usize,
-        panels: Vec<i8>,
-        /// `Σ_d w(d, c)` of the quantized weights: the zero point's correction.
-        column_sums: Vec<i32>,
-        activations: Int8Activations,
-    },
-}
-
-/// A weight `[k, n]` (the transposed PyTorch `[out, in]`) quantized per column and packed for one
-/// integer kernel.
-pub struct QuantizedWeight {
-    kernel: Int8Kernel,
-    k: usize,
-    n: usize,
-    panels: Panels,
-    /// `max|w[.., c]| / 127` per column.
-    column_scales: Vec<f32>,
-    bias: Option<Vec<f32>>,
 }
 
 impl QuantizedWeight {
@@ -371,6 +298,92 @@ impl QuantizedWeight {
                 self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
             });
         })
+    }
+}
+
+impl QuantizedWeight {
+    /// The float outputs of the column block from panel `first` on into `out` (`m` rows `stride`
+    /// apart, the block's columns first in each), from its integer sums (`planes` rows of `stride`
+    /// sums per row of `x`) and each row's outliers.
+    #[allow(clippy::too_many_arguments)] // one block's inputs, as its caller holds them
+    fn combine_block(
+        &self,
+        sums: &[i32],
+        m: usize,
+        (planes, stride): (usize, usize),
+        first: usize,
+        (quants, outliers): (&[RowQuant], &RowOutliers),
+        portable: bool,
+        out: &mut ColumnRange<'_>,
+    ) {
+        let (column_sums, nr, quads, panels): (&[i32], usize, usize, &[i8]) = match &self.panels {
+            Panels::Quads {
+                column_sums,
+                quads,
+                panels,
+                ..
+            } => (column_sums, NR_Q, *quads, panels),
+            Panels::Pairs { .. } => (&[], NR, 0, &[]),
+        };
+        let width = stride.min(self.n - first * nr);
+        let columns = first * nr..first * nr + width;
+        let scales = &self.column_scales[columns.clone()];
+        let corrections = if column_sums.is_empty() {
+            &[][..]
+        } else {
+            &column_sums[columns.clone()]
+        };
+        let bias = self.bias.as_ref().map(|b| &b[columns.clone()]);
+        #[cfg(target_arch = "x86_64")]
+        let simd = self.quad_simd(portable);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        // The outliers' exact products for one row, `stride` columns (zero weights past `n`).
+        let mut exact = if outliers.per_row > 0 {
+            vec![0f32; stride]
+        } else {
+            Vec::new()
+        };
+        let block_panels = &panels[(first * quads * 4 * NR_Q).min(panels.len())..];
+        for row in 0..m {
+            let dst = &mut out.row(row)[..width];
+            let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
+            let quant = quants[row];
+            let held = outliers.row(row, quant.outliers);
+            let outlier_products = if held.is_empty() {
+                None
+            } else {
+                let products = OutlierProducts {
+                    panels: block_panels,
+                    quads,
+                    outliers: held,
+                };
+                #[cfg(target_arch = "x86_64")]
+                match simd.and_then(QuadSimd::avx512) {
+                    Some(simd) => simd.outlier_products(&products, &mut exact),
+                    None => products.scalar(&mut exact),
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                products.scalar(&mut exact);
+                Some(&exact[..width])
+            };
+            let combine = Combine {
+                hi: plane(0),
+                lo: (planes == 2).then(|| plane(1)),
+                corrections,
+                scales,
+                bias,
+                quant,
+                outliers: outlier_products,
+            };
+            #[cfg(target_arch = "x86_64")]
+            match simd {
+                Some(simd) => simd.combine(combine, dst),
+                None => combine.scalar(dst),
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            combine.scalar(dst);
+        }
     }
 }
 

@@ -1,7 +1,57 @@
 //! The i16 pair layout's products (AVX2's `vpmaddwd`, through `pulp`, and the portable code): the
 //! depth × row tile × panel loop and its microkernels. Safe code: `pulp`'s token proves AVX2.
 
-use super::{Int8Kernel, KC, MR, NR, Panels, QuantizedWeight};
+use rayon::prelude::*;
+
+use super::activations::RowQuant;
+use super::layout::{Int8Kernel, KC, MR, NR, Panels, QuantizedWeight};
+
+impl QuantizedWeight {
+    /// Pair layout: each row of `x` to `levels`-level integers, packed as row tiles of `MR`: tile
+    /// `t` holds, per depth pair, `MR` i32 words `(x[2d] as i16) | (x[2d + 1] as i16) << 16` (zero
+    /// past `m`, `k`). Returns the packed tiles and each row's quantization.
+    pub(super) fn quantize_pairs(&self, x: &[f32], m: usize) -> (Vec<i32>, Vec<RowQuant>) {
+        let Panels::Pairs {
+            pairs,
+            activation_levels,
+            ..
+        } = &self.panels
+        else {
+            return (Vec::new(), vec![RowQuant::default(); m]);
+        };
+        let (k, pairs) = (self.k, *pairs);
+        let levels = *activation_levels as f32;
+        let tiles = m.div_ceil(MR);
+        let mut packed = vec![0i32; tiles * pairs * MR];
+        let mut quants = vec![RowQuant::default(); tiles * MR];
+        packed
+            .par_chunks_mut(pairs * MR)
+            .zip(quants.par_chunks_mut(MR))
+            .enumerate()
+            .for_each(|(t, (dst, quants))| {
+                for (r, quant) in quants.iter_mut().enumerate().take(MR.min(m - t * MR)) {
+                    let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
+                    let max = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    if !max.is_finite() || row.iter().any(|v| v.is_nan()) {
+                        quant.scale = f32::NAN;
+                        continue;
+                    }
+                    if max == 0.0 {
+                        continue;
+                    }
+                    quant.scale = max / levels;
+                    let inverse = levels / max;
+                    let q = |v: f32| (v * inverse).round() as i16 as u16 as u32;
+                    for (d, pair) in row.chunks(2).enumerate() {
+                        let lo = q(pair[0]);
+                        let hi = pair.get(1).map_or(0, |&v| q(v));
+                        dst[d * MR + r] = (lo | hi << 16) as i32;
+                    }
+                }
+            });
+        (packed, quants)
+    }
+}
 
 impl QuantizedWeight {
     /// Pair layout: panels `first .. first + count` for every row into `sums` (`[m, count·NR]`).

@@ -2,15 +2,132 @@
 //! the VNNI microkernels (`vnni`, `avx_vnni`), AMX's tile products on the same panels
 //! (`crate::amx`), and the portable tile every one of them is tested against.
 
-#[cfg(target_arch = "x86_64")]
-use super::activations::RowQuant;
+use rayon::prelude::*;
+
+use super::activations::{Portable, RowOutliers, RowQuant, quantize_row, quantize_row_with_outliers};
 #[cfg(target_arch = "x86_64")]
 use super::combine::Combine;
-use super::{Int8Kernel, KC_Q, MR_Q, NR_Q, Panels, QuantizedWeight};
+use super::layout::{Int8Activations, Int8Kernel, KC_Q, MR_Q, NR_Q, Panels, QuadTileCall, QuantizedWeight};
 #[cfg(target_arch = "x86_64")]
 use super::{avx_vnni, vnni};
-use crate::amx::{Int8Tiles, TileProduct, row_stride};
-use crate::driver::{NextSlices, Prefetch};
+use crate::amx::{Int8Tiles, TILE_ROWS, TileProduct, row_stride};
+use crate::driver::NextSlices;
+
+impl QuantizedWeight {
+    /// Quad layout: each row of `x` to unsigned levels between its minimum and maximum (zero
+    /// included; with outliers, those of the row without them), as one (8-bit) or two (16-bit: high
+    /// byte, then low byte) plane rows, packed as tiles of `MR_Q` plane rows: tile `t` holds, per
+    /// depth quad, `MR_Q` u32 words of four u8 (zero past the rows and `k`). Returns the packed
+    /// tiles, each row's quantization and its outliers (for AMX the plane rows one after another,
+    /// `amx::row_stride` words apart, padded to 16 rows). With VNNI (and not `portable`) rows are
+    /// quantized with AVX-512, to the same levels exactly.
+    pub(super) fn quantize_quads(
+        &self,
+        x: &[f32],
+        m: usize,
+        bits: Int8Activations,
+        portable: bool,
+    ) -> (Vec<u32>, Vec<RowQuant>, RowOutliers) {
+        let Panels::Quads { quads, .. } = &self.panels else {
+            return (Vec::new(), vec![RowQuant::default(); m], RowOutliers::default());
+        };
+        let (k, quads) = (self.k, *quads);
+        let planes = bits.planes();
+        let levels = bits.levels();
+        // A row of `k` values keeps at least one inside the range.
+        let per_row = bits.outliers().min(k.saturating_sub(1));
+        let plane_rows = m * planes;
+        // AMX loads plane rows row by row, 16 at a time: its rows are padded to whole tiles (two
+        // of these tiles of 8), and each row's words follow each other.
+        let row_major = self.kernel == Int8Kernel::Amx;
+        let (tiles, row_words) = if row_major {
+            (plane_rows.next_multiple_of(TILE_ROWS) / MR_Q, row_stride(quads))
+        } else {
+            (plane_rows.div_ceil(MR_Q), quads)
+        };
+        let mut packed = vec![0u32; tiles * row_words * MR_Q];
+        // MR_Q is a multiple of both plane counts, so a row's planes share one tile.
+        let rows_per_tile = MR_Q / planes;
+        let mut quants = vec![RowQuant::default(); tiles * rows_per_tile];
+        let mut outliers = RowOutliers {
+            per_row,
+            held: vec![(0, 0.0); tiles * rows_per_tile * per_row.max(1)],
+        };
+        #[cfg(target_arch = "x86_64")]
+        let simd = self.quad_simd(portable);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        packed
+            .par_chunks_mut(row_words * MR_Q)
+            .zip(quants.par_chunks_mut(rows_per_tile))
+            .zip(outliers.held.par_chunks_mut(rows_per_tile * per_row.max(1)))
+            .enumerate()
+            .for_each(|(t, ((dst, quants), held))| {
+                let first = t * rows_per_tile;
+                // One row's levels as byte planes (high, then low), zero past `k`.
+                let mut bytes = vec![0u8; planes * quads * 4];
+                let mut magnitudes = Vec::new();
+                #[cfg(target_arch = "x86_64")]
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| match simd {
+                    Some(simd) => simd.quantize_row(row, levels, hi, lo),
+                    None => quantize_row(row, levels, hi, lo),
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let plain = |row: &[f32], hi: &mut [u8], lo: Option<&mut [u8]>| quantize_row(row, levels, hi, lo);
+                for (r, quant) in quants
+                    .iter_mut()
+                    .enumerate()
+                    .take(rows_per_tile.min(m.saturating_sub(first)))
+                {
+                    let row = &x[(first + r) * k..(first + r + 1) * k];
+                    let (hi_plane, lo_plane) = bytes.split_at_mut(quads * 4);
+                    let lo_plane = (planes == 2).then_some(lo_plane);
+                    let found = if per_row > 0 {
+                        let held = &mut held[r * per_row..(r + 1) * per_row];
+                        #[cfg(target_arch = "x86_64")]
+                        let found = match simd.and_then(QuadSimd::avx512) {
+                            Some(simd) => {
+                                quantize_row_with_outliers(&simd, row, levels, hi_plane, held, &mut magnitudes)
+                            }
+                            None => quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes),
+                        };
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let found = quantize_row_with_outliers(&Portable, row, levels, hi_plane, held, &mut magnitudes);
+                        found
+                    } else {
+                        plain(row, hi_plane, lo_plane)
+                    };
+                    // A row with a non-finite value (NaN scale) or a constant one: its words stay zero.
+                    let Some(found) = found else {
+                        *quant = RowQuant {
+                            scale: if row.iter().all(|v| v.is_finite()) {
+                                0.0
+                            } else {
+                                f32::NAN
+                            },
+                            zero: 0,
+                            outliers: 0,
+                        };
+                        continue;
+                    };
+                    *quant = found;
+                    for (p, plane) in bytes.chunks_exact(quads * 4).enumerate() {
+                        let plane_row = r * planes + p;
+                        for (d, word) in plane.chunks_exact(4).enumerate() {
+                            let at = if row_major {
+                                plane_row * row_words + d
+                            } else {
+                                d * MR_Q + plane_row
+                            };
+                            dst[at] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                        }
+                    }
+                }
+            });
+        quants.truncate(m);
+        (packed, quants, outliers)
+    }
+}
 
 impl QuantizedWeight {
     /// The SIMD code of this quad-layout weight's kernel (`None`: the portable code, also when
@@ -94,20 +211,6 @@ impl QuantizedWeight {
             depth += kc;
         }
     }
-}
-
-/// One quad-kernel call: `rows` plane rows of packed u8 quads (`MR_Q` words per quad) times one
-/// panel slice (`4·NR_Q` bytes per quad), into `out` (rows `stride` apart, `NR_Q` sums each),
-/// added to what `out` holds when `accumulate`.
-pub(super) struct QuadTileCall<'a> {
-    pub(super) x: &'a [u32],
-    pub(super) panel: &'a [i8],
-    pub(super) out: &'a mut [i32],
-    pub(super) stride: usize,
-    pub(super) accumulate: bool,
-    /// Weights to request into L2 during the call ([`NextSlices`]).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub(super) prefetch: Prefetch<'a, i8>,
 }
 
 /// The SIMD code a quad-layout weight runs, one of the two proofs that the CPU has its VNNI: the

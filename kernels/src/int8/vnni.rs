@@ -20,8 +20,8 @@ use std::arch::x86_64::{
 
 use super::activations::{OutlierPasses, RowQuant, keep_largest, row_levels};
 use super::combine::{Combine, OutlierProducts};
-use super::quads::QuadTileCall;
-use super::{MR_Q, NR_Q};
+use super::layout::QuadTileCall;
+use super::layout::{MR_Q, NR_Q};
 
 /// Proof that this CPU has AVX-512F, AVX-512BW, AVX-512DQ, AVX512-VNNI and FMA.
 #[derive(Clone, Copy)]
