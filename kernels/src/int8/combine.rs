@@ -1,5 +1,7 @@
 //! Integer sums to float outputs: per row, `(acc − zero·Σw) · sx · sw (+ outliers · sw) (+ bias)`,
-//! written in place into the row's columns; the outliers' exact products beside.
+//! written in place into the row's columns, and the outliers' exact products beside: one block's
+//! operands (`Combine`, `OutlierProducts`) and their portable code; the SIMD combines are in `vnni`
+//! and `avx_vnni`, and `mod.rs` runs a product's blocks through them.
 
 use super::activations::RowQuant;
 use super::layout::NR_Q;

@@ -1,5 +1,6 @@
 //! The i16 pair layout's products (AVX2's `vpmaddwd`, through `pulp`, and the portable code): the
-//! depth × row tile × panel loop and its microkernels. Safe code: `pulp`'s token proves AVX2.
+//! rows packed as tiles of symmetric i16 levels, the depth × row tile × panel loop and its
+//! microkernels. Safe code: `pulp`'s token proves AVX2.
 
 use rayon::prelude::*;
 

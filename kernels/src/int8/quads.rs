@@ -1,6 +1,7 @@
-//! The u8 × s8 quad layout's products: the depth × row tile × panel loop with its prefetching for
-//! the VNNI microkernels (`vnni`, `avx_vnni`), AMX's tile products on the same panels
-//! (`crate::amx`), and the portable tile every one of them is tested against.
+//! The u8 × s8 quad layout's products: the rows quantized into u8 planes and packed (as tiles for
+//! VNNI, row-major for AMX), the depth × row tile × panel loop with its prefetching for the VNNI
+//! microkernels (`vnni`, `avx_vnni`, chosen through `QuadSimd`), AMX's tile products on the same
+//! panels (`crate::amx`), and the portable tile every one of them is tested against.
 
 use rayon::prelude::*;
 
