@@ -18,7 +18,7 @@ use laya::question::QuestionType;
 use crate::engine::{Engine, EngineInfo, Row};
 use crate::error::HarnessError;
 use crate::pb;
-use crate::rows::{check_and_forward, check_outputs, usable_buckets};
+use crate::rows::{ForwardLimits, check_outputs, usable_buckets};
 
 /// How a worker warms up before it binds its socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,18 +132,23 @@ pub(crate) fn run<E: Engine>(
     runs: u32,
 ) -> Result<Vec<pb::WarmupTiming>, HarnessError> {
     let mut timings: Vec<pb::WarmupTiming> = Vec::with_capacity(shapes.len());
+    let limits = ForwardLimits::from_info(&engine.describe());
     for shape in shapes {
-        let rows = shape.rows();
         let failed = |reason: String| HarnessError::Warmup {
             checkpoint: shape.checkpoint.clone(),
             shape: format!("{} ({}×{} tokens)", shape.shape, shape.rows, shape.tokens_per_row),
             reason,
         };
+        // Checked once, outside the timings, as the harness checks a served forward before the
+        // engine thread times it: the estimates then time the same work as served forwards.
+        let checked = limits
+            .admit(shape.checkpoint.clone(), shape.rows())
+            .map_err(|invalid| failed(invalid.to_string()))?;
         let mut forward = || -> Result<f64, HarnessError> {
             let start = Instant::now();
-            let outputs = check_and_forward(engine, &shape.checkpoint, &rows).map_err(|e| failed(e.to_string()))?;
+            let outputs = engine.forward(&checked).map_err(|e| failed(e.to_string()))?;
             let ms = start.elapsed().as_secs_f64() * 1e3;
-            check_outputs(&rows, &outputs).map_err(failed)?;
+            check_outputs(checked.rows(), &outputs).map_err(failed)?;
             Ok(ms)
         };
         let cold = !timings.iter().any(|t| t.checkpoint == shape.checkpoint);
