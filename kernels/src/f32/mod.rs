@@ -20,11 +20,11 @@ mod simd;
 pub(crate) mod tests;
 mod tile;
 
-pub use tile::MR;
 pub(crate) use tile::TileCall;
+use tile::{NARROW_ROWS, WIDE_ROWS};
 
 #[cfg(target_arch = "x86_64")]
-use simd::simd_tile;
+use simd::{narrow_tile, wide_tile};
 
 /// Depth of one pass: a weight panel's slice of `KC` rows stays in L1 while every row tile uses it.
 const KC: usize = 256;
@@ -138,7 +138,7 @@ impl PackedWeight {
         if m == 0 || n == 0 || k == 0 {
             return bias_rows(self.bias.as_deref(), m, n);
         }
-        let packed_x = pack_rows(x, m, k);
+        let packed_x = pack_rows(x, m, k, self.kernels.f32_tile_rows());
         in_column_blocks(m, n, nr, self.bias.as_deref(), |first, count, block| {
             self.block(&packed_x, m, first, count, block);
         })
@@ -147,7 +147,7 @@ impl PackedWeight {
     /// Panels `first .. first + count` for every row into `block` (`[m, count·nr]`). Per depth
     /// pass, each row tile (in L1) meets every panel slice of the task (in L2).
     fn block(&self, packed_x: &[f32], m: usize, first: usize, count: usize, block: &mut [f32]) {
-        let (k, nr) = (self.k, self.nr);
+        let (k, nr, mr) = (self.k, self.nr, self.kernels.f32_tile_rows());
         let stride = count * nr;
         let next = NextSlices {
             panels: &self.panels,
@@ -155,15 +155,15 @@ impl PackedWeight {
             unit: nr,
             pass: KC,
             count,
-            tiles: m.div_ceil(MR),
+            tiles: m.div_ceil(mr),
         };
         let mut depth = 0;
         while depth < k {
             let kc = KC.min(k - depth);
             let prefetch = next.pass(depth, kc);
-            for (tile, row) in (0..m).step_by(MR).enumerate() {
-                let rows = MR.min(m - row);
-                let x = &packed_x[(tile * k + depth) * MR..(tile * k + depth + kc) * MR];
+            for (tile, row) in (0..m).step_by(mr).enumerate() {
+                let rows = mr.min(m - row);
+                let x = &packed_x[(tile * k + depth) * mr..(tile * k + depth + kc) * mr];
                 for p in 0..count {
                     let start = (first + p) * k * nr;
                     let call = TileCall {
@@ -187,27 +187,40 @@ impl PackedWeight {
 }
 
 impl CpuKernels {
-    /// One micro-kernel call of this family on `rows` (at most `MR`) rows, panels `nr` wide.
+    /// Rows of activations one f32 kernel call multiplies by a panel: as many as the registers
+    /// hold two accumulators for, beside the panel's two and a broadcast. AVX-512's 32 registers
+    /// take 14 rows (28 accumulators), AVX2's 16 take 6 (12): more accumulators hide more of the
+    /// loads' latency; 14 rows against 6 made the products ~14% faster on an Intel Xeon
+    /// (docs/benchmarks/notes.md, "Fourteen rows a tile").
+    pub fn f32_tile_rows(self) -> usize {
+        match self {
+            CpuKernels::Amx | CpuKernels::Avx512 => WIDE_ROWS,
+            CpuKernels::Avx2 | CpuKernels::Gemm => NARROW_ROWS,
+        }
+    }
+
+    /// One micro-kernel call of this family on `rows` (at most [`CpuKernels::f32_tile_rows`])
+    /// rows, panels `nr` wide.
     pub(crate) fn tile(self, rows: usize, nr: usize, call: TileCall<'_>) {
         match self {
             #[cfg(target_arch = "x86_64")]
             CpuKernels::Amx | CpuKernels::Avx512 => match pulp::x86::V4::try_new() {
-                Some(simd) => simd_tile(simd, rows, call),
-                None => scalar_tile(rows, nr, call),
+                Some(simd) => wide_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, WIDE_ROWS, call),
             },
             #[cfg(target_arch = "x86_64")]
             CpuKernels::Avx2 => match pulp::x86::V3::try_new() {
-                Some(simd) => simd_tile(simd, rows, call),
-                None => scalar_tile(rows, nr, call),
+                Some(simd) => narrow_tile(simd, rows, call),
+                None => scalar_tile(rows, nr, NARROW_ROWS, call),
             },
-            _ => scalar_tile(rows, nr, call),
+            _ => scalar_tile(rows, nr, self.f32_tile_rows(), call),
         }
     }
 }
 
 /// The tile without SIMD, for a family the CPU lacks (the engine refuses those at load; this keeps
-/// a mistake slow rather than wrong).
-fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
+/// a mistake slow rather than wrong); `x` holds `mr` values per depth.
+fn scalar_tile(rows: usize, nr: usize, mr: usize, call: TileCall<'_>) {
     let TileCall {
         x,
         panel,
@@ -221,7 +234,7 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
         if !accumulate {
             dst.fill(0.0);
         }
-        for (w, a) in panel.chunks_exact(nr).zip(x.chunks_exact(MR)) {
+        for (w, a) in panel.chunks_exact(nr).zip(x.chunks_exact(mr)) {
             for (o, &w) in dst.iter_mut().zip(w) {
                 *o = a[r].mul_add(w, *o);
             }
@@ -229,14 +242,14 @@ fn scalar_tile(rows: usize, nr: usize, call: TileCall<'_>) {
     }
 }
 
-/// `x` `[m, k]` as row tiles of `MR`: tile `t` holds, for each depth, its `MR` values (zero past `m`).
-pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> Vec<f32> {
-    let tiles = m.div_ceil(MR);
-    let mut packed = vec![0f32; tiles * k * MR];
-    packed.par_chunks_mut(k * MR).enumerate().for_each(|(t, dst)| {
-        for r in 0..MR.min(m - t * MR) {
-            let row = &x[(t * MR + r) * k..(t * MR + r + 1) * k];
-            for (d, &v) in dst.chunks_exact_mut(MR).zip(row) {
+/// `x` `[m, k]` as row tiles of `mr`: tile `t` holds, for each depth, its `mr` values (zero past `m`).
+fn pack_rows(x: &[f32], m: usize, k: usize, mr: usize) -> Vec<f32> {
+    let tiles = m.div_ceil(mr);
+    let mut packed = vec![0f32; tiles * k * mr];
+    packed.par_chunks_mut(k * mr).enumerate().for_each(|(t, dst)| {
+        for r in 0..mr.min(m - t * mr) {
+            let row = &x[(t * mr + r) * k..(t * mr + r + 1) * k];
+            for (d, &v) in dst.chunks_exact_mut(mr).zip(row) {
                 d[r] = v;
             }
         }

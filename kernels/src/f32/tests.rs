@@ -43,6 +43,28 @@ fn every_family_matches_a_reference_product() {
     }
 }
 
+/// Every row count a tile can be called with (1 to 14 on AVX-512, 1 to 6 on AVX2) and one past
+/// the tallest tile, over depths with and without a second pass, against the reference.
+#[test]
+fn every_row_count_of_each_tile_height() {
+    let families: Vec<CpuKernels> = [CpuKernels::Avx512, CpuKernels::Avx2]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect();
+    for kernels in families {
+        for m in 1..=kernels.f32_tile_rows() + 1 {
+            for &(k, n) in &[(19, 40), (300, 33)] {
+                let (x, w) = (values(m * k, 9), values(k * n, 10));
+                let packed = PackedWeight::pack(&w, k, n, None, kernels);
+                let got = packed.matmul(&x, m);
+                let want = reference(&x, &w, m, k, n, None);
+                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst < 1e-4, "{kernels} {m}x{k}x{n}: {worst}");
+            }
+        }
+    }
+}
+
 /// The reused column-block buffers carry nothing from one product into the next (a wide
 /// product, then narrower ones on the same threads; one past the reuse limit), and a product
 /// with no depth gives its bias.

@@ -3,13 +3,17 @@
 
 use crate::driver::Prefetch;
 
-/// Rows of the activation tile one kernel call computes.
-pub const MR: usize = 6;
+/// Rows of the activation tile one AVX-512 kernel call computes at most
+/// ([`crate::CpuKernels::f32_tile_rows`]).
+pub(crate) const WIDE_ROWS: usize = 14;
+/// The same for AVX2's 16 registers, and the portable tile.
+pub(crate) const NARROW_ROWS: usize = 6;
 
 /// One kernel call: `R` rows of packed activations times one panel slice, into `out` (rows `stride`
 /// apart), added to what `out` holds when `accumulate`.
 pub(crate) struct TileCall<'a> {
-    /// Packed activation rows (`MR` values per depth), as `pack_rows` lays them out.
+    /// Packed activation rows (the family's row tile height of values per depth), as `pack_rows`
+    /// lays them out.
     pub(crate) x: &'a [f32],
     /// One panel: `nr` values per depth, as many depths as `x` has.
     pub(crate) panel: &'a [f32],

@@ -10,11 +10,15 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use layad_cpu_kernels::CpuKernels;
-use layad_cpu_kernels::f32::MR;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 use crate::layers::cpu_kernels::fill_rows;
+
+/// Rows of q (or of probabilities) one product computes: one generic tile serves both x86-64
+/// families here, so AVX2's 16 registers set it (12 accumulators; the weight products' AVX-512
+/// tile takes 14 rows).
+const MR: usize = 6;
 
 /// The attention of one layer over a right-padded batch.
 pub(crate) struct AttentionOp<'a> {
