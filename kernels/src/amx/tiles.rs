@@ -5,7 +5,8 @@
 //!
 //! Registers: `tmm0`–`tmm3` accumulate (rows 0–15 and 16–31 × columns 0–15 and 16–31), `tmm4`
 //! and `tmm5` hold the two row tiles of activations, `tmm6` and `tmm7` the panel's two column
-//! tiles. Every tile is 16 rows of 64 bytes.
+//! tiles. Every tile is 16 rows of 64 bytes, but for a product's last block of rows when it holds
+//! fewer real rows: its row tiles are configured to just those rows.
 
 // Inline assembly is `unsafe`; each block says why its memory accesses hold.
 #![allow(unsafe_code)]
@@ -17,26 +18,44 @@ use super::product::{Instruction, PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, TileForm
 /// Bytes of one depth word of a panel: 32 columns of 4 bytes.
 const PANEL_ROW_BYTES: usize = PANEL_COLUMNS * 4;
 
-/// The 64-byte tile configuration (`ldtilecfg`): palette 1, eight tiles of 16 rows × 64 bytes.
+/// A 64-byte tile configuration (`ldtilecfg`): palette 1, eight tiles of 64-byte rows.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
-const CONFIG: TileConfig = {
-    let mut bytes = [0u8; 64];
-    bytes[0] = 1;
-    let mut tile = 0;
-    while tile < 8 {
-        // Bytes per row (u16 at 16 + 2·tile), rows (u8 at 48 + tile).
-        bytes[16 + 2 * tile] = 64;
-        bytes[48 + tile] = TILE_ROWS as u8;
-        tile += 1;
+impl TileConfig {
+    /// The accumulators and activation tile of the first row tile (`tmm0`, `tmm1`, `tmm4`) `first`
+    /// rows high, those of the second (`tmm2`, `tmm3`, `tmm5`) `second` rows, the weight tiles
+    /// (`tmm6`, `tmm7`) 16 depth words. A tile of fewer rows loads, multiplies and stores only
+    /// those rows: a block's last rows need no padded products and no spill buffer.
+    const fn rows(first: usize, second: usize) -> Self {
+        let mut bytes = [0u8; 64];
+        bytes[0] = 1;
+        let mut tile = 0;
+        while tile < 8 {
+            let rows = match tile {
+                0 | 1 | 4 => first,
+                2 | 3 | 5 => second,
+                _ => TILE_ROWS,
+            };
+            // Bytes per row (u16 at 16 + 2·tile), rows (u8 at 48 + tile).
+            bytes[16 + 2 * tile] = 64;
+            bytes[48 + tile] = rows as u8;
+            tile += 1;
+        }
+        TileConfig(bytes)
     }
-    TileConfig(bytes)
-};
 
-/// Sums of one 32 × 32 block whose rows run past the product's, stored here first.
-#[repr(C, align(64))]
-struct Spill([u32; 2 * TILE_ROWS * PANEL_COLUMNS]);
+    /// Loads this configuration into the tile registers (their contents become zero).
+    fn load(&self) {
+        // SAFETY: `self` is 64 readable, 64-byte aligned bytes; loading a tile configuration only
+        // changes the tile registers' shapes (this process holds the tile permission: an `Amx`
+        // exists), every row count is 1 to 16 and every row 64 bytes.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) self.0.as_ptr(), options(nostack, readonly)) };
+    }
+}
+
+/// Every tile 16 rows: the blocks whose rows are all real.
+const FULL: TileConfig = TileConfig::rows(TILE_ROWS, TILE_ROWS);
 
 /// Where one block's accumulators are stored: `rows` rows from `ptr`, `stride` bytes apart.
 struct Store {
@@ -59,60 +78,51 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
     let steps = words / TILE_WORDS;
     let a_stride = a_stride * 4;
     let out_stride = stride * 4;
-    let mut spill = Spill([0; 2 * TILE_ROWS * PANEL_COLUMNS]);
-    // SAFETY: CONFIG is 64 readable, 64-byte aligned bytes; loading a tile configuration only
-    // changes the tile registers' shapes (this process holds the tile permission: an `Amx` exists).
-    unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
+    // Rows are taken 32 at a time (two row tiles) while more than 16 are left, then 16; the last
+    // block may hold fewer real rows, and runs with tiles of just those rows.
+    let last = rows % (2 * TILE_ROWS);
+    let partial = match last {
+        0 | TILE_ROWS => None,
+        r if r < TILE_ROWS => Some(TileConfig::rows(r, TILE_ROWS)),
+        r => Some(TileConfig::rows(TILE_ROWS, r - TILE_ROWS)),
+    };
+    FULL.load();
     for p in 0..count {
         // Panel `p` starts `p · words · 128` bytes into the weights.
         let b = panels.as_ptr().cast::<u8>().wrapping_add(p * words * PANEL_ROW_BYTES);
         let mut row = 0;
         while row < rows {
-            let height = if rows - row > TILE_ROWS {
-                2 * TILE_ROWS
-            } else {
-                TILE_ROWS
-            };
+            let left = rows - row;
+            let two = left > TILE_ROWS;
+            let height = left.min(2 * TILE_ROWS);
+            let short = height < 2 * TILE_ROWS && height != TILE_ROWS;
+            if let (true, Some(config)) = (short, &partial) {
+                config.load();
+            }
             let a_rows = a.as_ptr().cast::<u8>().wrapping_add(row * a_stride);
-            let inside = row + height <= rows;
-            let target = if inside {
-                Store {
-                    ptr: out
-                        .as_mut_ptr()
-                        .cast::<u8>()
-                        .wrapping_add((row * stride + p * PANEL_COLUMNS) * 4),
-                    stride: out_stride,
-                }
-            } else {
-                Store {
-                    ptr: spill.0.as_mut_ptr().cast::<u8>(),
-                    stride: PANEL_ROW_BYTES,
-                }
+            let target = Store {
+                ptr: out
+                    .as_mut_ptr()
+                    .cast::<u8>()
+                    .wrapping_add((row * stride + p * PANEL_COLUMNS) * 4),
+                stride: out_stride,
             };
             // SAFETY: `check` made `a` hold `rows` rounded up to 16 rows of `words` words
-            // (`a_stride` words apart), so the `height` rows from `row` (16, or 32 when more than
-            // 16 rows are left) are inside it, 64 bytes per step for `steps` steps; `panels` holds `count` whole panels of `words`
-            // rows of 128 bytes; the store goes to the spill buffer (32 rows of 128 bytes) or, when
-            // all `height` rows are real, to `out`, which holds `rows` rows of `stride` ≥ 32·count
-            // values from column 32·p.
+            // (`a_stride` words apart), so the `height` rows from `row` that the tiles load (the
+            // configuration's rows: 16 or 32, or the last block's real rows) are inside it, 64
+            // bytes per step for `steps` steps; `panels` holds `count` whole panels of `words` rows
+            // of 128 bytes; the store writes the same `height` rows to `out`, which holds `rows`
+            // rows of `stride` ≥ 32·count values from column 32·p.
             unsafe {
-                match (F::INSTRUCTION, height) {
-                    (Instruction::Tdpbusd, 32) => two_row_tiles_tdpbusd(a_rows, a_stride, b, steps, &target),
-                    (Instruction::Tdpbusd, _) => one_row_tile_tdpbusd(a_rows, a_stride, b, steps, &target),
-                    (Instruction::Tdpbf16ps, 32) => two_row_tiles_tdpbf16ps(a_rows, a_stride, b, steps, &target),
-                    (Instruction::Tdpbf16ps, _) => one_row_tile_tdpbf16ps(a_rows, a_stride, b, steps, &target),
+                match (F::INSTRUCTION, two) {
+                    (Instruction::Tdpbusd, true) => two_row_tiles_tdpbusd(a_rows, a_stride, b, steps, &target),
+                    (Instruction::Tdpbusd, false) => one_row_tile_tdpbusd(a_rows, a_stride, b, steps, &target),
+                    (Instruction::Tdpbf16ps, true) => two_row_tiles_tdpbf16ps(a_rows, a_stride, b, steps, &target),
+                    (Instruction::Tdpbf16ps, false) => one_row_tile_tdpbf16ps(a_rows, a_stride, b, steps, &target),
                 }
             }
-            if !inside {
-                let real = rows - row;
-                for r in 0..real {
-                    let src = &spill.0[r * PANEL_COLUMNS..(r + 1) * PANEL_COLUMNS];
-                    let dst = &mut out[(row + r) * stride + p * PANEL_COLUMNS..][..PANEL_COLUMNS];
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        // SAFETY: a sum is 4 bytes (i32 or f32, sealed formats), every bit pattern valid.
-                        *d = unsafe { std::mem::transmute_copy::<u32, F::Sum>(&s) };
-                    }
-                }
+            if short && partial.is_some() && p + 1 < count {
+                FULL.load();
             }
             row += height;
         }
