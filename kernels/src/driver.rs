@@ -5,16 +5,20 @@
 //! lives beside each format's microkernel call (`f32`, `int8::pairs`, `int8::quads`, `bf16`).
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
 /// Most column panels one parallel task computes.
 const MAX_PANELS_PER_TASK: usize = 8;
 
-/// A product `[m, n]` computed in parallel column blocks (f32, bf16, int8): `block(first, count, out)`
+/// A product `[m, n]` computed in parallel column blocks (f32, bf16): `block(first, count, out)`
 /// fills panels `first .. first + count` of `nr` columns into `out` (`[m, count·nr]`), storing every
-/// value (its first depth pass does not accumulate); the blocks are then copied into place, rows in
-/// parallel, with `bias` added. An empty depth (`k = 0`) is the caller's: no pass would store.
+/// value (its first depth pass does not accumulate); the task then copies its block into its
+/// columns of the output, with `bias` added, while the block is still in its core's cache. The
+/// blocks used to be copied in a second parallel pass over all of them, which read them back from
+/// memory (a 512-token product's blocks outgrew the reused buffers, so they were also a fresh
+/// zeroed allocation each time). An empty depth (`k = 0`) is the caller's: no pass would store.
 pub(crate) fn in_column_blocks(
     m: usize,
     n: usize,
@@ -25,18 +29,56 @@ pub(crate) fn in_column_blocks(
     if m == 0 || n == 0 {
         return vec![0f32; m * n];
     }
+    assert!(
+        bias.is_none_or(|b| b.len() >= n),
+        "bias shorter than the output's {n} columns"
+    );
     let panels = n.div_ceil(nr);
     let per_task = panels_per_task(panels);
-    // Task `t`'s block starts at `t · task_len` (the last one may be narrower).
-    let task_len = m * per_task * nr;
-    with_blocks(panels.div_ceil(per_task) * task_len, |blocks| {
-        blocks.par_chunks_mut(task_len).enumerate().for_each(|(t, out)| {
-            let first = t * per_task;
-            let count = per_task.min(panels - first);
-            block(first, count, &mut out[..m * count * nr]);
+    // Not zeroed: every value is written once, by the task that owns its column.
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    let target = OutputRows {
+        ptr: out.as_mut_ptr(),
+        m,
+        n,
+    };
+    (0..panels.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let first = t * per_task;
+        let count = per_task.min(panels - first);
+        let (start, stride) = (first * nr, count * nr);
+        let width = stride.min(n - start);
+        with_blocks(m * stride, |blocks| {
+            block(first, count, blocks);
+            for (row, src) in blocks.chunks_exact(stride).enumerate() {
+                // SAFETY: task `t` alone is given panels `first .. first + count`, so columns
+                // `start .. start + width` of every row are its own (the tasks' panels are
+                // disjoint), and it holds one row of them at a time; `row < m`.
+                #[allow(unsafe_code)]
+                let dst = unsafe { target.spare_columns(row, start, width) };
+                match bias {
+                    Some(bias) => {
+                        for ((o, &v), &b) in dst.iter_mut().zip(src).zip(&bias[start..]) {
+                            o.write(v + b);
+                        }
+                    }
+                    None => {
+                        for (o, &v) in dst.iter_mut().zip(src) {
+                            o.write(v);
+                        }
+                    }
+                }
+            }
         });
-        gather_rows(blocks, (m, n, nr, per_task), bias)
-    })
+    });
+    // SAFETY: the tasks' panels `t · per_task ..` for every `t` cover columns `0..n`, and each task
+    // wrote its columns of all `m` rows above (`src` holds `stride` ≥ `width` values and `bias` at
+    // least `n`, so each zip is `width` long): all `m · n` values are initialised. (A task that
+    // panicked re-raises here, before this line.)
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(m * n)
+    };
+    out
 }
 
 /// A product `[m, n]` computed in parallel column blocks written in place: `block(first, count,
@@ -88,10 +130,27 @@ struct OutputRows {
     n: usize,
 }
 
-// SAFETY: the pointer is only dereferenced through `ColumnRange::zeroed` and `row`, for columns no
-// other task is given (see there), while `in_column_ranges` holds the output borrowed.
+// SAFETY: the pointer is only dereferenced through `ColumnRange::zeroed` and `row`, and
+// `spare_columns`, for columns no other task is given (see there), while `in_column_ranges` or
+// `in_column_blocks` holds the output borrowed.
 #[allow(unsafe_code)]
 unsafe impl Sync for OutputRows {}
+
+impl OutputRows {
+    /// Columns `start .. start + width` of row `r`, maybe not yet initialised, to be written.
+    ///
+    /// # Safety
+    /// No other live reference reaches these columns of this row: the caller's task alone was
+    /// given them, and asks for each row once at a time.
+    #[allow(unsafe_code)]
+    #[allow(clippy::mut_from_ref)] // disjoint ranges handed to parallel tasks: the caller's contract
+    unsafe fn spare_columns(&self, r: usize, start: usize, width: usize) -> &mut [MaybeUninit<f32>] {
+        assert!(r < self.m && start + width <= self.n, "columns outside the output");
+        // SAFETY: inside the `[m, n]` allocation (checked above), which outlives the tasks;
+        // `MaybeUninit` needs no initialised values; exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.n + start).cast::<MaybeUninit<f32>>(), width) }
+    }
+}
 
 /// Columns `start .. start + width` of every row of the output: one task's share.
 pub(crate) struct ColumnRange<'a> {
@@ -125,50 +184,6 @@ impl<'a> ColumnRange<'a> {
     }
 }
 
-/// The row-major `[m, n]` product from the column blocks `in_column_blocks` laid out (task `t`'s
-/// block `[m, count·nr]` at `t · m · per_task · nr`), with `bias` added: rows in parallel.
-fn gather_rows(blocks: &[f32], (m, n, nr, per_task): (usize, usize, usize, usize), bias: Option<&[f32]>) -> Vec<f32> {
-    let task_len = m * per_task * nr;
-    assert!(
-        bias.is_none_or(|b| b.len() >= n),
-        "bias shorter than the output's {n} columns"
-    );
-    // Not zeroed: every value is written once below. A zeroed allocation of this size came from
-    // the heap, not fresh pages, once a forward had freed one (glibc raises its mmap threshold), and
-    // its memset was 5% of a 512-token bf16 forward on AMX.
-    let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    out.spare_capacity_mut()[..m * n]
-        .par_chunks_mut(n)
-        .enumerate()
-        .for_each(|(row, dst)| {
-            for (t, dst) in dst.chunks_mut(per_task * nr).enumerate() {
-                let stride = per_task.min(n.div_ceil(nr) - t * per_task) * nr;
-                let at = t * task_len + row * stride;
-                let src = &blocks[at..at + dst.len()];
-                match bias {
-                    Some(bias) => {
-                        for ((o, &v), &b) in dst.iter_mut().zip(src).zip(&bias[t * per_task * nr..]) {
-                            o.write(v + b);
-                        }
-                    }
-                    None => {
-                        for (o, &v) in dst.iter_mut().zip(src) {
-                            o.write(v);
-                        }
-                    }
-                }
-            }
-        });
-    // SAFETY: the row chunks cover all `m · n` values, and each row's column chunks cover the row,
-    // each value written above (`bias` has `n` values, so its zip is as long as the block's); a
-    // task that panicked re-raises before this line.
-    #[allow(unsafe_code)]
-    unsafe {
-        out.set_len(m * n)
-    };
-    out
-}
-
 /// `m` rows of `bias` (zeros without one): a product with no depth.
 pub(crate) fn bias_rows(bias: Option<&[f32]>, m: usize, n: usize) -> Vec<f32> {
     match bias {
@@ -177,15 +192,15 @@ pub(crate) fn bias_rows(bias: Option<&[f32]>, m: usize, n: usize) -> Vec<f32> {
     }
 }
 
-/// Most f32 a thread keeps for the column blocks of its products (8 MiB: one 64-token row's widest
-/// product needs 1.3 MiB); a larger product allocates its own.
+/// Most f32 a thread keeps for the column block of the product task it runs (8 MiB: a block is at
+/// most 8 panels of 32 columns, 1 KiB a row, so 512 rows take 512 KiB); a larger one allocates its
+/// own.
 const REUSED_BLOCKS: usize = 1 << 21;
 
 thread_local! {
-    /// The column blocks of one product, reused across products on the thread that runs it. Every
-    /// block is stored before it is read, so the buffer is never cleared: cleared per block, these
-    /// buffers were 2–3% of a bf16 forward's time in `memset`, and their copy into place ran on
-    /// one thread (docs/benchmarks.md).
+    /// The column block of one product task, reused across tasks on the thread that runs them.
+    /// Every block is stored before it is read, so the buffer is never cleared: cleared per block,
+    /// these buffers were 2–3% of a bf16 forward's time in `memset` (docs/benchmarks.md).
     static BLOCKS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
