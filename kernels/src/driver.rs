@@ -82,11 +82,17 @@ pub(crate) fn in_column_blocks(
 }
 
 /// A product `[m, n]` computed in parallel column blocks written in place: `block(first, count,
-/// columns)` fills, through `columns`, every column of panels `first .. first + count` (`nr` wide,
-/// the last one cut at `n`) in every row. For kernels whose last step writes exactly the real
-/// columns (the int8 combine): no block buffer, and no copy of it into place afterwards (that
-/// copy and its pass over the pool were ~4% of an int8 forward).
-pub(crate) fn in_column_ranges(
+/// columns)` writes, through `columns`, every column of panels `first .. first + count` (`nr`
+/// wide, the last one cut at `n`) in every row. For kernels whose last step writes exactly the
+/// real columns (the int8 combine): no block buffer, no copy of it into place afterwards (that
+/// copy and its pass over the pool were ~4% of an int8 forward), and no zeroing of the output
+/// first (each task zeroed its columns before: ~6% of a 64-token int8 forward's CPU time on AMX).
+///
+/// # Safety
+/// `block` writes every value of `columns.row(r)` for every row `r < m`: the output is returned
+/// as those writes left it.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn in_column_ranges(
     m: usize,
     n: usize,
     nr: usize,
@@ -97,9 +103,7 @@ pub(crate) fn in_column_ranges(
     }
     let panels = n.div_ceil(nr);
     let per_task = panels_per_task(panels);
-    // Not zeroed here: each task zeroes its own columns first, in parallel and in its cache,
-    // where a zeroed allocation was cleared on the calling thread alone (a third of the 12% of a
-    // forward of 8 rows that ran on one thread).
+    // Not zeroed: every value is written once, by the task that owns its column.
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
     let target = OutputRows {
         ptr: out.as_mut_ptr(),
@@ -110,12 +114,12 @@ pub(crate) fn in_column_ranges(
         let first = t * per_task;
         let count = per_task.min(panels - first);
         let start = first * nr;
-        let mut columns = ColumnRange::zeroed(&target, start, (count * nr).min(n - start));
+        let mut columns = ColumnRange::new(&target, start, (count * nr).min(n - start));
         block(first, count, &mut columns);
     });
     // SAFETY: the tasks' ranges, panels `t · per_task ..` for every `t`, cover columns `0..n` of
-    // every row, and each zeroed its range before anything read it: all `m · n` values are
-    // initialised. (A task that panicked re-raises here, before this line.)
+    // every row, and each task's `block` wrote all of its range (the caller's contract): all
+    // `m · n` values are initialised. (A task that panicked re-raises here, before this line.)
     #[allow(unsafe_code)]
     unsafe {
         out.set_len(m * n)
@@ -130,8 +134,7 @@ struct OutputRows {
     n: usize,
 }
 
-// SAFETY: the pointer is only dereferenced through `ColumnRange::zeroed` and `row`, and
-// `spare_columns`, for columns no other task is given (see there), while `in_column_ranges` or
+// SAFETY: the pointer is only dereferenced through `ColumnRange::row` and `spare_columns`, for columns no other task is given (see there), while `in_column_ranges` or
 // `in_column_blocks` holds the output borrowed.
 #[allow(unsafe_code)]
 unsafe impl Sync for OutputRows {}
@@ -160,27 +163,20 @@ pub(crate) struct ColumnRange<'a> {
 }
 
 impl<'a> ColumnRange<'a> {
-    /// Columns `start .. start + width` of every row of `rows`, set to zero.
-    #[allow(unsafe_code)] // SAFETY below
-    fn zeroed(rows: &'a OutputRows, start: usize, width: usize) -> Self {
+    /// Columns `start .. start + width` of every row of `rows`.
+    fn new(rows: &'a OutputRows, start: usize, width: usize) -> Self {
         assert!(start + width <= rows.n, "column range outside the output");
-        for r in 0..rows.m {
-            // SAFETY: inside the `[m, n]` allocation (checked above; `r < m`), and no other task's
-            // range overlaps these columns (see `row`); writing needs no initialised values.
-            unsafe { rows.ptr.add(r * rows.n + start).write_bytes(0, width) };
-        }
         Self { rows, start, width }
     }
 
-    /// Row `r`'s columns of this range (`width` values).
-    #[allow(unsafe_code)] // SAFETY below
-    pub(crate) fn row(&mut self, r: usize) -> &mut [f32] {
-        assert!(r < self.rows.m, "row outside the output");
-        // SAFETY: the values lie inside the `[m, n]` output (`zeroed` checked the columns), which
-        // outlives every task, and are initialised (zeroed when this range was made); the tasks'
-        // column ranges are disjoint (their panels are), so no other task reaches them, and
-        // `&mut self` keeps one row of this range borrowed at a time.
-        unsafe { std::slice::from_raw_parts_mut(self.rows.ptr.add(r * self.rows.n + self.start), self.width) }
+    /// Row `r`'s columns of this range (`width` values, maybe not yet initialised), to be written.
+    pub(crate) fn row(&mut self, r: usize) -> &mut [MaybeUninit<f32>] {
+        // SAFETY: the tasks' column ranges are disjoint (their panels are), so no other task
+        // reaches these columns, and `&mut self` keeps one row of this range borrowed at a time.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.rows.spare_columns(r, self.start, self.width)
+        }
     }
 }
 

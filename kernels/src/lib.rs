@@ -46,8 +46,9 @@
 //! `unsafe` lives in the modules that execute SIMD or tile instructions (`int8::vnni`,
 //! `int8::avx_vnni`, `bf16::avx512`, `amx::tiles`), in the permission request
 //! (`amx::permission`), and in the marked places of `driver.rs` (the prefetch hint, and the output's
-//! disjoint column ranges, written in place or copied into without zeroing first), each use with
-//! its SAFETY note. The x86-only modules
+//! disjoint column ranges, written in place or copied into without zeroing first) and of
+//! `int8/mod.rs` (its combine's promise to write every column of its range), each use with its
+//! SAFETY note. The x86-only modules
 //! compile only for x86-64; elsewhere the worker runs candle's matmul (the `gemm` family).
 
 pub mod amx;

@@ -17,6 +17,8 @@ use std::arch::x86_64::{
     _mm256_srli_epi32, _mm256_storeu_ps, _mm256_storeu_si256, _mm256_sub_pd,
 };
 
+use std::mem::MaybeUninit;
+
 use super::activations::{RowQuant, round_small, row_levels};
 use super::combine::Combine;
 use super::layout::QuadTileCall;
@@ -55,7 +57,7 @@ impl AvxVnni {
 
     /// [`Combine::scalar`] with AVX2 (4 columns at a time, the integer sums exact in f64):
     /// the same floats.
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
         // SAFETY: as in `quantize_row`.
         unsafe { combine_row(&combine, dst) }
     }
@@ -218,7 +220,7 @@ fn store_low_bytes(dst: &mut [u8], at: usize, u: __m256i) {
 /// sum is an integer below 2⁵³ (so exact, as the portable code's i64), rounded once to f32 as
 /// the portable `i64 as f32`; then the same float operations in the same order.
 #[target_feature(enable = "avx2,fma")]
-fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
+fn combine_row(combine: &Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
     let width = dst.len();
     assert!(
         combine.hi.len() >= width
@@ -260,10 +262,10 @@ fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
         }
         let dst = &mut dst[c..c + 4];
         // SAFETY: `dst` is 4 f32; `storeu` needs no alignment.
-        unsafe { _mm_storeu_ps(dst.as_mut_ptr(), out) };
+        unsafe { _mm_storeu_ps(dst.as_mut_ptr().cast::<f32>(), out) };
     }
     for (c, o) in dst.iter_mut().enumerate().skip(body) {
-        *o = combine.column(c);
+        o.write(combine.column(c));
     }
 }
 

@@ -3,6 +3,8 @@
 //! operands (`Combine`, `OutlierProducts`) and their portable code; the SIMD combines are in `vnni`
 //! and `avx_vnni`, and `mod.rs` runs a product's blocks through them.
 
+use std::mem::MaybeUninit;
+
 use super::activations::RowQuant;
 use super::layout::NR_Q;
 
@@ -70,9 +72,10 @@ impl Combine<'_> {
         }
     }
 
-    pub(super) fn scalar(&self, dst: &mut [f32]) {
+    /// Every column of the row into `dst` (written, not added to: it may not be initialised).
+    pub(super) fn scalar(&self, dst: &mut [MaybeUninit<f32>]) {
         for (c, o) in dst.iter_mut().enumerate() {
-            *o = self.column(c);
+            o.write(self.column(c));
         }
     }
 }

@@ -288,16 +288,23 @@ impl QuantizedWeight {
             }
         };
         // The combine adds the bias, and writes each row's real columns in place.
-        in_column_ranges(m, n, nr, |first, count, out| {
-            let stride = count * nr;
-            with_sums(m * planes * stride, |sums| {
-                match &packed_x {
-                    Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
-                    Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
-                }
-                self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
-            });
-        })
+        // SAFETY: every task's `combine_block` writes all `width` columns of its range (the
+        // range's own width: `stride` cut at `n`) in each of the `m` rows, through
+        // `Combine::scalar` or a SIMD combine, each of which stores every column it is given.
+        #[allow(unsafe_code)]
+        let product = unsafe {
+            in_column_ranges(m, n, nr, |first, count, out| {
+                let stride = count * nr;
+                with_sums(m * planes * stride, |sums| {
+                    match &packed_x {
+                        Packed::Pairs(packed) => self.block_pairs(packed, m, first, count, sums, portable),
+                        Packed::Quads(packed) => self.block_quads(packed, m * planes, first, count, sums, portable),
+                    }
+                    self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
+                });
+            })
+        };
+        product
     }
 }
 

@@ -247,7 +247,7 @@ impl QuadSimd {
         }
     }
 
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [std::mem::MaybeUninit<f32>]) {
         match self {
             Self::Avx512(simd) => simd.combine(combine, dst),
             Self::Avx256(simd) => simd.combine(combine, dst),

@@ -18,6 +18,8 @@ use std::arch::x86_64::{
     _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_epi32, _mm512_sub_epi64,
 };
 
+use std::mem::MaybeUninit;
+
 use super::activations::{OutlierPasses, RowQuant, keep_largest, row_levels};
 use super::combine::{Combine, OutlierProducts};
 use super::layout::QuadTileCall;
@@ -71,7 +73,7 @@ impl Vnni {
     }
 
     /// [`Combine::scalar`] with AVX-512 (8 columns of i64 sums at a time): the same floats.
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [f32]) {
+    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
         // SAFETY: as in `quantize_row`.
         unsafe { combine_row(&combine, dst) }
     }
@@ -269,7 +271,7 @@ fn outlier_products(products: &OutlierProducts<'_>, out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,fma")]
-fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
+fn combine_row(combine: &Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
     let width = dst.len();
     assert!(
         combine.hi.len() >= width
@@ -305,7 +307,7 @@ fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
             if let Some(bias) = combine.bias {
                 out = _mm512_add_ps(out, _mm512_loadu_ps(bias[c..].as_ptr()));
             }
-            _mm512_storeu_ps(dst[c..].as_mut_ptr(), out);
+            _mm512_storeu_ps(dst[c..].as_mut_ptr().cast::<f32>(), out);
         }
     }
     let sx = _mm256_set1_ps(sx);
@@ -334,10 +336,10 @@ fn combine_row(combine: &Combine<'_>, dst: &mut [f32]) {
             out = _mm256_add_ps(out, unsafe { _mm256_loadu_ps(bias[c..].as_ptr()) });
         }
         // SAFETY: as above, into `dst`.
-        unsafe { _mm256_storeu_ps(dst[c..].as_mut_ptr(), out) };
+        unsafe { _mm256_storeu_ps(dst[c..].as_mut_ptr().cast::<f32>(), out) };
     }
     for (c, o) in dst.iter_mut().enumerate().skip(body) {
-        *o = combine.column(c);
+        o.write(combine.column(c));
     }
 }
 
