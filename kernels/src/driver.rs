@@ -26,35 +26,16 @@ pub(crate) fn in_column_blocks(
     bias: Option<&[f32]>,
     block: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
-    if m == 0 || n == 0 {
-        return vec![0f32; m * n];
-    }
     assert!(
         bias.is_none_or(|b| b.len() >= n),
         "bias shorter than the output's {n} columns"
     );
-    let panels = n.div_ceil(nr);
-    let per_task = panels_per_task(panels);
-    // Not zeroed: every value is written once, by the task that owns its column.
-    let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    let target = OutputRows {
-        ptr: out.as_mut_ptr(),
-        m,
-        n,
-    };
-    (0..panels.div_ceil(per_task)).into_par_iter().for_each(|t| {
-        let first = t * per_task;
-        let count = per_task.min(panels - first);
+    let copy_into_place = |first: usize, count: usize, columns: &mut ColumnRange<'_>| {
         let (start, stride) = (first * nr, count * nr);
-        let width = stride.min(n - start);
         with_blocks(m * stride, |blocks| {
             block(first, count, blocks);
             for (row, src) in blocks.chunks_exact(stride).enumerate() {
-                // SAFETY: task `t` alone is given panels `first .. first + count`, so columns
-                // `start .. start + width` of every row are its own (the tasks' panels are
-                // disjoint), and it holds one row of them at a time; `row < m`.
-                #[allow(unsafe_code)]
-                let dst = unsafe { target.spare_columns(row, start, width) };
+                let dst = columns.row(row);
                 match bias {
                     Some(bias) => {
                         for ((o, &v), &b) in dst.iter_mut().zip(src).zip(&bias[start..]) {
@@ -69,16 +50,14 @@ pub(crate) fn in_column_blocks(
                 }
             }
         });
-    });
-    // SAFETY: the tasks' panels `t · per_task ..` for every `t` cover columns `0..n`, and each task
-    // wrote its columns of all `m` rows above (`src` holds `stride` ≥ `width` values and `bias` at
-    // least `n`, so each zip is `width` long): all `m · n` values are initialised. (A task that
-    // panicked re-raises here, before this line.)
+    };
+    // SAFETY: each task copies its block into all `m` rows of its range, every value of each: a
+    // row of the range is at most `stride` wide (the last panel cut at `n`), the block's row is
+    // `stride` long and `bias` holds at least `n` values, so each zip is the range's width.
     #[allow(unsafe_code)]
     unsafe {
-        out.set_len(m * n)
-    };
-    out
+        in_column_ranges(m, n, nr, copy_into_place)
+    }
 }
 
 /// A product `[m, n]` computed in parallel column blocks written in place: `block(first, count,
@@ -134,26 +113,10 @@ struct OutputRows {
     n: usize,
 }
 
-// SAFETY: the pointer is only dereferenced through `ColumnRange::row` and `spare_columns`, for columns no other task is given (see there), while `in_column_ranges` or
-// `in_column_blocks` holds the output borrowed.
+// SAFETY: the pointer is only dereferenced through `ColumnRange::row`, for columns no other task
+// is given (see there), while `in_column_ranges` holds the output borrowed.
 #[allow(unsafe_code)]
 unsafe impl Sync for OutputRows {}
-
-impl OutputRows {
-    /// Columns `start .. start + width` of row `r`, maybe not yet initialised, to be written.
-    ///
-    /// # Safety
-    /// No other live reference reaches these columns of this row: the caller's task alone was
-    /// given them, and asks for each row once at a time.
-    #[allow(unsafe_code)]
-    #[allow(clippy::mut_from_ref)] // disjoint ranges handed to parallel tasks: the caller's contract
-    unsafe fn spare_columns(&self, r: usize, start: usize, width: usize) -> &mut [MaybeUninit<f32>] {
-        assert!(r < self.m && start + width <= self.n, "columns outside the output");
-        // SAFETY: inside the `[m, n]` allocation (checked above), which outlives the tasks;
-        // `MaybeUninit` needs no initialised values; exclusive by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r * self.n + start).cast::<MaybeUninit<f32>>(), width) }
-    }
-}
 
 /// Columns `start .. start + width` of every row of the output: one task's share.
 pub(crate) struct ColumnRange<'a> {
@@ -170,12 +133,21 @@ impl<'a> ColumnRange<'a> {
     }
 
     /// Row `r`'s columns of this range (`width` values, maybe not yet initialised), to be written.
+    #[allow(unsafe_code)] // SAFETY below
     pub(crate) fn row(&mut self, r: usize) -> &mut [MaybeUninit<f32>] {
-        // SAFETY: the tasks' column ranges are disjoint (their panels are), so no other task
-        // reaches these columns, and `&mut self` keeps one row of this range borrowed at a time.
-        #[allow(unsafe_code)]
+        assert!(r < self.rows.m, "row outside the output");
+        // SAFETY: inside the `[m, n]` output (`new` checked the columns, `r < m`), which outlives
+        // every task; `MaybeUninit` needs no initialised values; the tasks' column ranges are
+        // disjoint (their panels are), so no other task reaches these columns, and `&mut self`
+        // keeps one row of this range borrowed at a time.
         unsafe {
-            self.rows.spare_columns(r, self.start, self.width)
+            std::slice::from_raw_parts_mut(
+                self.rows
+                    .ptr
+                    .add(r * self.rows.n + self.start)
+                    .cast::<MaybeUninit<f32>>(),
+                self.width,
+            )
         }
     }
 }

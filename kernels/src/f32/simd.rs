@@ -4,9 +4,8 @@
 //! the tiles its registers hold). x86-64 only: elsewhere the CPU path is candle's. Safe code:
 //! `pulp`'s tokens prove the features.
 
-use pulp::{Simd, WithSimd};
-
 use pulp::x86::{V3, V4};
+use pulp::{Simd, WithSimd};
 
 use super::tile::{NARROW_ROWS, TileCall, WIDE_ROWS};
 
@@ -22,25 +21,24 @@ pub(super) fn wide_tile(simd: V4, rows: usize, call: TileCall<'_>) {
         9 => Simd::vectorize(simd, Tile::<9, M>(call)),
         8 => Simd::vectorize(simd, Tile::<8, M>(call)),
         7 => Simd::vectorize(simd, Tile::<7, M>(call)),
-        6 => Simd::vectorize(simd, Tile::<6, M>(call)),
-        5 => Simd::vectorize(simd, Tile::<5, M>(call)),
-        4 => Simd::vectorize(simd, Tile::<4, M>(call)),
-        3 => Simd::vectorize(simd, Tile::<3, M>(call)),
-        2 => Simd::vectorize(simd, Tile::<2, M>(call)),
-        _ => Simd::vectorize(simd, Tile::<1, M>(call)),
+        _ => short_tile::<_, M>(simd, rows, call),
     }
 }
 
 /// The AVX2 tile for `rows` (at most [`NARROW_ROWS`]) rows packed `NARROW_ROWS` values per depth.
 pub(super) fn narrow_tile(simd: V3, rows: usize, call: TileCall<'_>) {
-    const M: usize = NARROW_ROWS;
+    short_tile::<_, NARROW_ROWS>(simd, rows, call);
+}
+
+/// The tile for at most 6 rows (every family's shortest tiles) of rows packed `M` values per depth.
+fn short_tile<S: Simd, const M: usize>(simd: S, rows: usize, call: TileCall<'_>) {
     match rows {
-        6 => Simd::vectorize(simd, Tile::<6, M>(call)),
-        5 => Simd::vectorize(simd, Tile::<5, M>(call)),
-        4 => Simd::vectorize(simd, Tile::<4, M>(call)),
-        3 => Simd::vectorize(simd, Tile::<3, M>(call)),
-        2 => Simd::vectorize(simd, Tile::<2, M>(call)),
-        _ => Simd::vectorize(simd, Tile::<1, M>(call)),
+        6 => simd.vectorize(Tile::<6, M>(call)),
+        5 => simd.vectorize(Tile::<5, M>(call)),
+        4 => simd.vectorize(Tile::<4, M>(call)),
+        3 => simd.vectorize(Tile::<3, M>(call)),
+        2 => simd.vectorize(Tile::<2, M>(call)),
+        _ => simd.vectorize(Tile::<1, M>(call)),
     }
 }
 
