@@ -12,8 +12,8 @@
 //! The driver keeps four accumulator tiles (32 rows × 32 columns) and walks the depth 16 words
 //! (64 bytes of each row) at a time: two `A` tiles, two `B` tiles, four tile products. Depths are
 //! whole tiles (`words` a multiple of [`TILE_WORDS`], the packers pad with zeros) and `A` holds
-//! its rows rounded up to [`TILE_ROWS`] (zero rows past `rows`), so every tile is full; the last
-//! rows' sums go through a small buffer so `out` holds exactly `rows` rows.
+//! its rows rounded up to [`TILE_ROWS`] (zero rows past `rows`); a last block of fewer rows runs
+//! on tiles configured to just those rows, so `out` holds exactly `rows` rows.
 //!
 //! Not every CPU with AMX may use it: Linux grants the tile registers' state to a process only
 //! when asked ([`Amx::detect`]); the reason it is refused is kept and reported.
