@@ -292,7 +292,7 @@ impl QuantizedWeight {
         // range's own width: `stride` cut at `n`) in each of the `m` rows, through
         // `Combine::scalar` or a SIMD combine, each of which stores every column it is given.
         #[allow(unsafe_code)]
-        let product = unsafe {
+        unsafe {
             in_column_ranges(m, n, nr, |first, count, out| {
                 let stride = count * nr;
                 with_sums(m * planes * stride, |sums| {
@@ -303,8 +303,7 @@ impl QuantizedWeight {
                     self.combine_block(sums, m, (planes, stride), first, (&quants, &outliers), portable, out);
                 });
             })
-        };
-        product
+        }
     }
 }
 
