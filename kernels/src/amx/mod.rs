@@ -13,7 +13,8 @@
 //! (64 bytes of each row) at a time: two `A` tiles, two `B` tiles, four tile products. Depths are
 //! whole tiles (`words` a multiple of [`TILE_WORDS`], the packers pad with zeros) and `A` holds
 //! its rows rounded up to [`TILE_ROWS`] (zero rows past `rows`); a last block of fewer rows runs
-//! on tiles configured to just those rows, so `out` holds exactly `rows` rows.
+//! on tiles configured to just those rows (for every panel after their full blocks, under one
+//! configuration), so `out` holds exactly `rows` rows.
 //!
 //! Not every CPU with AMX may use it: Linux grants the tile registers' state to a process only
 //! when asked ([`Amx::detect`]); the reason it is refused is kept and reported.

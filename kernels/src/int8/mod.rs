@@ -27,7 +27,9 @@
 //!   columns of s8 per instruction, `crate::amx`): the same quad panels (read in place
 //!   as tiles, the depth padded to whole tiles of 16 quads), activation planes, quantization and
 //!   combine as AVX512-VNNI, so the same sums exactly; only the activation planes are laid out
-//!   row by row (rows padded to 16) instead of in tiles of 8, as the tiles load them.
+//!   row by row (rows padded to 16) instead of in tiles of 8, as the tiles load them. Up to four
+//!   rows past a product's last whole 32-row block run on the VNNI tile instead (cheaper than a
+//!   block of tile products for them).
 //! - **AVX-VNNI** (the VEX-encoded `vpdpbusd` on 256-bit registers: Alder Lake and later Intel
 //!   cores, Zen 5): the same quad panels, activation planes and quantization as AVX512-VNNI, so the
 //!   same sums exactly, from four ymm accumulators per row of 32 columns, three rows per register

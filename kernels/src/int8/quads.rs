@@ -12,7 +12,11 @@ use super::layout::{Int8Activations, Int8Kernel, KC_Q, MR_Q, NR_Q, Panels, QuadT
 #[cfg(target_arch = "x86_64")]
 use super::{avx_vnni, vnni};
 use crate::amx::{Int8Tiles, TILE_ROWS, TileProduct, row_stride};
-use crate::driver::NextSlices;
+use crate::driver::{NextSlices, Prefetch};
+
+/// Most rows past a product's last whole 32-row block that AMX's int8 products leave to the VNNI
+/// tile (docs/benchmarks/notes.md, "AMX's last rows on VNNI").
+const AMX_TAIL_ON_VNNI: usize = 4;
 
 impl QuantizedWeight {
     /// Quad layout: each row of `x` to unsigned levels between its minimum and maximum (zero
@@ -158,21 +162,62 @@ impl QuantizedWeight {
         };
         let quads = *quads;
         let stride = count * NR_Q;
-        if self.kernel == Int8Kernel::Amx {
-            let product = TileProduct::<Int8Tiles> {
-                a: packed_x,
-                a_stride: row_stride(quads),
-                rows,
-                words: quads,
-                panels: &panels[first * quads * 4 * NR_Q..(first + count) * quads * 4 * NR_Q],
-                out: sums,
-                stride,
-            };
-            product.run(portable);
-            return;
-        }
         #[cfg(target_arch = "x86_64")]
         let simd = self.quad_simd(portable);
+        if self.kernel == Int8Kernel::Amx {
+            // A few rows past the last whole tile block go through the VNNI tile instead: on the
+            // tiles they cost a whole block's weight-tile loads (2 rows of 66: 12% of the tile
+            // time), on VNNI a few `vpdpbusd` per quad. The same sums exactly.
+            let tail = match rows % (2 * TILE_ROWS) {
+                tail if tail <= AMX_TAIL_ON_VNNI => tail,
+                _ => 0,
+            };
+            let tile_rows = rows - tail;
+            let block_panels = &panels[first * quads * 4 * NR_Q..(first + count) * quads * 4 * NR_Q];
+            let (tile_sums, tail_sums) = sums.split_at_mut(tile_rows * stride);
+            if tile_rows > 0 {
+                let product = TileProduct::<Int8Tiles> {
+                    a: packed_x,
+                    a_stride: row_stride(quads),
+                    rows: tile_rows,
+                    words: quads,
+                    panels: block_panels,
+                    out: tile_sums,
+                    stride,
+                };
+                product.run(portable);
+            }
+            if tail > 0 {
+                // The tail's rows from AMX's row-major words into one VNNI tile's (per quad, a
+                // word per row).
+                let row_words = row_stride(quads);
+                let mut x = vec![0u32; quads * MR_Q];
+                for r in 0..tail {
+                    let row = &packed_x[(tile_rows + r) * row_words..(tile_rows + r) * row_words + quads];
+                    for (d, &word) in row.iter().enumerate() {
+                        x[d * MR_Q + r] = word;
+                    }
+                }
+                for (p, panel) in block_panels.chunks_exact(quads * 4 * NR_Q).enumerate() {
+                    let call = QuadTileCall {
+                        x: &x,
+                        panel,
+                        out: &mut tail_sums[p * NR_Q..],
+                        stride,
+                        accumulate: false,
+                        prefetch: Prefetch::NONE,
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    match simd {
+                        Some(simd) => simd.tile(tail, call),
+                        None => scalar_quad_tile(tail, call),
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    scalar_quad_tile(tail, call);
+                }
+            }
+            return;
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
         let next = NextSlices {

@@ -22,13 +22,18 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
 #[cfg(target_arch = "x86_64")]
 type QuantizeRow = Box<dyn Fn(&[f32], f32, &mut [u8], Option<&mut [u8]>) -> Option<RowQuant>>;
 
-const SHAPES: [(usize, usize, usize); 6] = [
+/// Rows chosen for AMX too: 1, 2 (and their 16-bit planes' 2 and 4) run on VNNI alone; 34 and 36
+/// end in 2 and 4 rows past a whole 32-row block, which AMX leaves to VNNI, and their 16-bit
+/// planes in 4 and 8 (the latter on tiles of 8 rows).
+const SHAPES: [(usize, usize, usize); 8] = [
     (1, 5, 3),
     (7, 300, 37),
     (13, 513, 70),
     (64, 64, 33),
     (6, 1, 16),
     (2, 1024, 17),
+    (34, 128, 45),
+    (36, 200, 40),
 ];
 
 /// Every kernel this CPU runs, with each activation choice of the quad layout: `(kernel,
@@ -243,6 +248,28 @@ fn the_simd_kernels_give_the_portable_kernels_sums() {
         let simd = QuantizedWeight::quantize(&w, k, n, None, Int8Kernel::Avx2).matmul(&x, m);
         let scalar = QuantizedWeight::quantize(&w, k, n, None, Int8Kernel::Scalar).matmul(&x, m);
         assert!(simd.iter().zip(&scalar).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+/// AMX's route (activations row by row, the rows past the last whole 32-row block on the VNNI tile
+/// or on tiles of fewer rows) gives the sums of the VNNI layout's portable route (activations in
+/// tiles of 8 rows), so the same outputs bit for bit: on the tiles where this process has them,
+/// else through the tile model.
+#[test]
+fn amx_products_give_the_vnni_layouts_outputs() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("pool");
+    for bits in [Int8Activations::U8, Int8Activations::U16, Int8Activations::U8_OUTLIERS] {
+        for &(m, k, n) in &SHAPES {
+            let x = values(m * k, 9);
+            let w = values(k * n, 10);
+            let amx = quantized(&w, k, n, None, Int8Kernel::Amx, Some(bits));
+            let vnni = quantized(&w, k, n, None, Int8Kernel::Avx512Vnni, Some(bits));
+            let (a, b) = pool.install(|| (amx.matmul(&x, m), vnni.matmul_with(&x, m, true)));
+            assert!(
+                a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{bits:?} {m}x{k}x{n}"
+            );
+        }
     }
 }
 

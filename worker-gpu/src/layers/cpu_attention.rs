@@ -293,7 +293,7 @@ impl<const R: usize> WithSimd for RowsTile<'_, R> {
 }
 
 /// `line` replaced by its softmax: exponentials of the differences to the maximum on SIMD lanes
-/// ([`exp_simd`]; the row's tail through libm), their sum over lanes.
+/// ([`exp_simd`]; the row's tail on masked lanes), their sum over lanes.
 #[inline(always)]
 fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
     let (body, tail) = S::as_mut_simd_f32s(line);
@@ -309,9 +309,14 @@ fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
         sums = simd.add_f32s(sums, *v);
     }
     let mut sum = simd.reduce_sum_f32s(sums);
-    for v in tail.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+    if !tail.is_empty() {
+        // The tail's lanes through the same polynomial, masked: one libm call per value, through
+        // a pointer with the sum spilled around it, was ~3% of a 66-token int8 forward.
+        let exps = exp_simd(simd, simd.sub_f32s(simd.partial_load_f32s(tail), shift));
+        simd.partial_store_f32s(tail, exps);
+        for &v in tail.iter() {
+            sum += v;
+        }
     }
     let inv = simd.splat_f32s(1.0 / sum);
     for v in body.iter_mut() {
