@@ -174,6 +174,33 @@ macro_rules! prefetch_next_step {
     };
 }
 
+/// Requests the next step's activation lines into L1: one line of each of 16 rows, from `{pa}` (the
+/// next step's line of the first row), `{a_stride}` bytes apart; `{t}` is clobbered. Past the
+/// last step these lines lie past the rows' words (or past `a`): a prefetch never faults.
+macro_rules! prefetch_next_rows {
+    () => {
+        concat!(
+            "mov {t}, {pa}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            "prefetcht0 [{t}]\n",
+        )
+    };
+}
+
 /// Generates the two block functions of one tile instruction: 32 rows (four accumulators) and 16
 /// rows (two), over `steps` depth steps of 16 words.
 macro_rules! tile_blocks {
@@ -193,12 +220,20 @@ macro_rules! tile_blocks {
                     "tilezero tmm2",
                     "tilezero tmm3",
                     "2:",
-                    // The next step's 2 KiB of weights requested into L1 ahead of its tile
-                    // loads, then each product right after the loads it needs, so that it runs while the next tile loads
+                    // The next step's activations (a line of each of the 32 rows) and its 2 KiB
+                    // of weights requested into L1 ahead of their tile loads, then each product
+                    // right after the loads it needs, so that it runs while the next tile loads
                     // (the tiles are not renamed: a load waits for the products that read its
                     // register). Loading all four first, no prefetch: 0.47-0.58 T int8
                     // products/s on one core (hot blocks of 64 or 512 rows); reordered
-                    // 0.59-0.68; with the prefetch 0.68-0.79.
+                    // 0.59-0.68; with the weights' prefetch 0.68-0.79. The activations' rows
+                    // came from L2 on every step (a product's rows outgrow L1 and are read again
+                    // for each panel): prefetched too, a 512-row block ~20% faster, a 66-row
+                    // forward's products ~5-10% (docs/benchmarks/notes.md).
+                    "lea {pa}, [{a} + 64]",
+                    prefetch_next_rows!(),
+                    "lea {pa}, [{a2} + 64]",
+                    prefetch_next_rows!(),
                     prefetch_next_step!(),
                     "tileloadd tmm4, [{a} + {a_stride}*1]",
                     "tileloadd tmm6, [{b} + {b_stride}*1]",
@@ -219,6 +254,8 @@ macro_rules! tile_blocks {
                     "tilestored [{c2} + {c_stride}*1 + 64], tmm3",
                     a = inout(reg) a => _,
                     a2 = inout(reg) a.wrapping_add(TILE_ROWS * a_stride) => _,
+                    pa = out(reg) _,
+                    t = out(reg) _,
                     a_stride = in(reg) a_stride,
                     b = inout(reg) b => _,
                     b_stride = in(reg) PANEL_ROW_BYTES,
@@ -245,6 +282,8 @@ macro_rules! tile_blocks {
                     "tilezero tmm0",
                     "tilezero tmm1",
                     "2:",
+                    "lea {pa}, [{a} + 64]",
+                    prefetch_next_rows!(),
                     prefetch_next_step!(),
                     "tileloadd tmm4, [{a} + {a_stride}*1]",
                     "tileloadd tmm6, [{b} + {b_stride}*1]",
@@ -258,6 +297,8 @@ macro_rules! tile_blocks {
                     "tilestored [{c} + {c_stride}*1], tmm0",
                     "tilestored [{c} + {c_stride}*1 + 64], tmm1",
                     a = inout(reg) a => _,
+                    pa = out(reg) _,
+                    t = out(reg) _,
                     a_stride = in(reg) a_stride,
                     b = inout(reg) b => _,
                     b_stride = in(reg) PANEL_ROW_BYTES,
