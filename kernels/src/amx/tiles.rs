@@ -80,8 +80,8 @@ pub(super) fn multiply<F: TileFormat>(product: TileProduct<'_, F>) {
     let out_stride = stride * 4;
     // Rows are taken 32 at a time (two row tiles) while more than 16 are left, then 16; the last
     // block may hold fewer real rows, and runs with tiles of just those rows. Those last blocks run
-    // after every panel's full blocks, under one configuration: configured per panel, the two
-    // `ldtilecfg`s (each waits for the tile unit to drain) were 3% of a 66-token int8 forward.
+    // after every panel's full blocks, under one configuration: configured and restored per panel,
+    // the two `ldtilecfg`s were 3% of a 66-token int8 forward's CPU time.
     let last = rows % (2 * TILE_ROWS);
     let partial = match last {
         0 | TILE_ROWS => None,
@@ -228,8 +228,8 @@ macro_rules! tile_blocks {
                     // products/s on one core (hot blocks of 64 or 512 rows); reordered
                     // 0.59-0.68; with the weights' prefetch 0.68-0.79. The activations' rows
                     // came from L2 on every step (a product's rows outgrow L1 and are read again
-                    // for each panel): prefetched too, a 512-row block ~20% faster, a 66-row
-                    // forward's products ~5-10% (docs/benchmarks/notes.md).
+                    // for each panel): prefetched too, a layer's products 2-21% faster at 66 to
+                    // 512 rows (docs/benchmarks/notes.md).
                     "lea {pa}, [{a} + 64]",
                     prefetch_next_rows!(),
                     "lea {pa}, [{a2} + 64]",

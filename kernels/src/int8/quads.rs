@@ -15,7 +15,8 @@ use crate::amx::{Int8Tiles, TILE_ROWS, TileProduct, row_stride};
 use crate::driver::{NextSlices, Prefetch};
 
 /// Most rows past a product's last whole 32-row block that AMX's int8 products leave to the VNNI
-/// tile (docs/benchmarks/notes.md, "AMX's last rows on VNNI").
+/// tile (docs/benchmarks/notes.md, "Fewer tile configurations, the last rows on VNNI, activations
+/// prefetched": 4 and 8 measured alike).
 const AMX_TAIL_ON_VNNI: usize = 4;
 
 impl QuantizedWeight {
@@ -166,7 +167,7 @@ impl QuantizedWeight {
         let simd = self.quad_simd(portable);
         if self.kernel == Int8Kernel::Amx {
             // A few rows past the last whole tile block go through the VNNI tile instead: on the
-            // tiles they cost a whole block's weight-tile loads (2 rows of 66: 12% of the tile
+            // tiles they cost a whole block's weight-tile loads (2 rows of 66: 11% of the tile
             // time), on VNNI a few `vpdpbusd` per quad. The same sums exactly.
             let tail = match rows % (2 * TILE_ROWS) {
                 tail if tail <= AMX_TAIL_ON_VNNI => tail,

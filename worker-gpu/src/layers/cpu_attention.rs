@@ -310,8 +310,8 @@ fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
     }
     let mut sum = simd.reduce_sum_f32s(sums);
     if !tail.is_empty() {
-        // The tail's lanes through the same polynomial, masked: one libm call per value, through
-        // a pointer with the sum spilled around it, was ~3% of a 66-token int8 forward.
+        // The tail's lanes through the same polynomial, masked, instead of a libm call per value
+        // (a 66-token int8 forward 2-23% faster in four paired runs: docs/benchmarks/notes.md).
         let exps = exp_simd(simd, simd.sub_f32s(simd.partial_load_f32s(tail), shift));
         simd.partial_store_f32s(tail, exps);
         for &v in tail.iter() {
