@@ -181,21 +181,10 @@ macro_rules! prefetch_next_rows {
     () => {
         concat!(
             "mov {t}, {pa}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
-            "prefetcht0 [{t}]\nadd {t}, {a_stride}\n",
+            ".rept 15\n",
+            "prefetcht0 [{t}]\n",
+            "add {t}, {a_stride}\n",
+            ".endr\n",
             "prefetcht0 [{t}]\n",
         )
     };
