@@ -57,9 +57,9 @@ impl AvxVnni {
 
     /// [`Combine::scalar`] with AVX2 (4 columns at a time, the integer sums exact in f64):
     /// the same floats.
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
+    pub(super) fn combine(self, combine: &Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
         // SAFETY: as in `quantize_row`.
-        unsafe { combine_row(&combine, dst) }
+        unsafe { combine_row(combine, dst) }
     }
 
     /// One tile of `rows` (at most `MR_Q`) plane rows, in blocks of `BLOCK_ROWS`: each block

@@ -386,7 +386,7 @@ impl QuantizedWeight {
             };
             #[cfg(target_arch = "x86_64")]
             match simd {
-                Some(simd) => simd.combine(combine, dst),
+                Some(simd) => simd.combine(&combine, dst),
                 None => combine.scalar(dst),
             }
             #[cfg(not(target_arch = "x86_64"))]

@@ -117,15 +117,21 @@ impl QuantizedWeight {
                         continue;
                     };
                     *quant = found;
+                    let word = |bytes: &[u8]| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
                     for (p, plane) in bytes.chunks_exact(quads * 4).enumerate() {
                         let plane_row = r * planes + p;
-                        for (d, word) in plane.chunks_exact(4).enumerate() {
-                            let at = if row_major {
-                                plane_row * row_words + d
-                            } else {
-                                d * MR_Q + plane_row
-                            };
-                            dst[at] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                        if row_major {
+                            // One contiguous run of words: zipped, a plain copy (indexed word by
+                            // word, the layout chosen per word and every index checked, this loop
+                            // was 3-4% of an 8-row int8 forward on AMX).
+                            let words = &mut dst[plane_row * row_words..plane_row * row_words + quads];
+                            for (w, bytes) in words.iter_mut().zip(plane.chunks_exact(4)) {
+                                *w = word(bytes);
+                            }
+                        } else {
+                            for (d, bytes) in plane.chunks_exact(4).enumerate() {
+                                dst[d * MR_Q + plane_row] = word(bytes);
+                            }
                         }
                     }
                 }
@@ -293,7 +299,7 @@ impl QuadSimd {
         }
     }
 
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [std::mem::MaybeUninit<f32>]) {
+    pub(super) fn combine(self, combine: &Combine<'_>, dst: &mut [std::mem::MaybeUninit<f32>]) {
         match self {
             Self::Avx512(simd) => simd.combine(combine, dst),
             Self::Avx256(simd) => simd.combine(combine, dst),

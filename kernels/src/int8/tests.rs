@@ -25,7 +25,7 @@ type QuantizeRow = Box<dyn Fn(&[f32], f32, &mut [u8], Option<&mut [u8]>) -> Opti
 /// Rows chosen for AMX too: 1, 2 (and their 16-bit planes' 2 and 4) run on VNNI alone; 34 and 36
 /// end in 2 and 4 rows past a whole 32-row block, which AMX leaves to VNNI, and their 16-bit
 /// planes in 4 and 8 (the latter on tiles of 8 rows).
-const SHAPES: [(usize, usize, usize); 8] = [
+const SHAPES: [(usize, usize, usize); 11] = [
     (1, 5, 3),
     (7, 300, 37),
     (13, 513, 70),
@@ -34,6 +34,11 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (2, 1024, 17),
     (34, 128, 45),
     (36, 200, 40),
+    // Several panels a task on two threads, with AMX's last rows on VNNI.
+    (66, 256, 600),
+    (3, 64, 300),
+    // Two rows, an odd number of depth quads.
+    (2, 36, 40),
 ];
 
 /// Every kernel this CPU runs, with each activation choice of the quad layout: `(kernel,

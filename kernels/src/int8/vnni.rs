@@ -73,9 +73,9 @@ impl Vnni {
     }
 
     /// [`Combine::scalar`] with AVX-512 (8 columns of i64 sums at a time): the same floats.
-    pub(super) fn combine(self, combine: Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
+    pub(super) fn combine(self, combine: &Combine<'_>, dst: &mut [MaybeUninit<f32>]) {
         // SAFETY: as in `quantize_row`.
-        unsafe { combine_row(&combine, dst) }
+        unsafe { combine_row(combine, dst) }
     }
 
     /// One tile of `rows` (at most `MR_Q`) plane rows.
