@@ -13,8 +13,6 @@ use layad_cpu_kernels::CpuKernels;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-use crate::layers::cpu_kernels::fill_rows;
-
 /// Rows of q (or of probabilities) one product computes: one generic tile serves both x86-64
 /// families here, so AVX2's 16 registers set it (12 accumulators; the weight products' AVX-512
 /// tile takes 14 rows).
@@ -67,29 +65,107 @@ impl CustomOp1 for AttentionOp<'_> {
         {
             candle_core::bail!("attention: lengths or RoPE tables do not cover {} positions", self.len)
         }
-        let heads: Vec<Vec<f32>> = (0..rows * self.heads)
-            .into_par_iter()
-            .map(|task| {
-                let (row, head) = (task / self.heads, task % self.heads);
+        let width = self.len * d;
+        let mut out: Vec<f32> = Vec::with_capacity(rows * width);
+        let target = HeadOutputs {
+            ptr: out.as_mut_ptr(),
+            len: rows * width,
+            width,
+        };
+        (0..rows * self.heads).into_par_iter().for_each(|task| {
+            let (row, head) = (task / self.heads, task % self.heads);
+            // Borrowed here, outside the SIMD dispatch: a closure run by `LocalKey::with` inside the
+            // task would be compiled without the family's target features.
+            HEAD_SCRATCH.with_borrow_mut(|scratch| {
                 self.kernels.dispatch(HeadTask {
                     op: self,
                     qkv,
                     row,
                     head,
-                })
-            })
-            .collect();
-        // Each row's heads merged in parallel; padded positions stay zero.
-        let out = fill_rows(rows, self.len * d, 1, |row, dst| {
-            for (head, values) in heads[row * self.heads..(row + 1) * self.heads].iter().enumerate() {
-                for (t, v) in values.chunks_exact(self.head_dim).enumerate() {
-                    let at = t * d + head * self.head_dim;
-                    dst[at..at + self.head_dim].copy_from_slice(v);
-                }
-            }
+                    scratch,
+                    out: &target,
+                });
+            });
         });
+        // SAFETY: task (row, head) wrote its head's `head_dim` values of every position of its row
+        // (attended values, or zeros past the row's length): the tasks cover all `rows · width`
+        // values (a task that panicked re-raises before this line).
+        #[allow(unsafe_code)]
+        unsafe {
+            out.set_len(rows * width)
+        };
         Ok((CpuStorage::F32(out), Shape::from((rows * self.len, d))))
     }
+}
+
+/// The op's output, `rows` rows of `width` values (`len` positions × every head's values): each
+/// (row, head) task writes its head's columns of its row's positions straight into place, where
+/// they were first collected per task and then copied.
+struct HeadOutputs {
+    ptr: *mut f32,
+    /// Values the output holds (its capacity).
+    len: usize,
+    width: usize,
+}
+
+// SAFETY: the pointer is only written through `HeadOutputs::write`, by tasks whose ranges are
+// disjoint (one (row, head) each), while `cpu_fwd` holds the output.
+#[allow(unsafe_code)]
+unsafe impl Sync for HeadOutputs {}
+
+impl HeadOutputs {
+    /// `count` values of `row` from `at` (a position's offset plus a head's first column): `values`
+    /// (`count` of them), or zeros.
+    ///
+    /// # Safety
+    /// No other task writes those values.
+    #[allow(unsafe_code)]
+    unsafe fn write(&self, row: usize, at: usize, count: usize, values: Option<&[f32]>) {
+        let start = row * self.width + at;
+        assert!(
+            at + count <= self.width && start + count <= self.len,
+            "a head's values outside the attention's output"
+        );
+        // SAFETY: the range lies inside the output's capacity (checked) and is this task's alone
+        // (the caller's); `values` holds `count` floats (checked), and all-zero bytes are 0.0.
+        unsafe {
+            let dst = self.ptr.add(start);
+            match values {
+                Some(values) => {
+                    assert_eq!(values.len(), count, "a head's values");
+                    std::ptr::copy_nonoverlapping(values.as_ptr(), dst, count);
+                }
+                None => std::ptr::write_bytes(dst, 0, count),
+            }
+        }
+    }
+}
+
+/// Per pool thread, the buffers of one head task (q, keys, values, scores, the attended values),
+/// kept between tasks: allocated and zeroed per task, their `memset` was 9% of the attention's
+/// samples in an 8-row int8 forward on AMX (docs/benchmarks/notes.md, "Attention's buffers kept,
+/// activation words copied whole (issue 36, stop 50)"). Every value a task reads it wrote first, or
+/// it lies in a padded lane whose result is never read.
+#[derive(Default)]
+struct HeadScratch {
+    q: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    rotated: Vec<f32>,
+    scores: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The first `len` values of `buffer`, grown (with zeros) when it holds fewer.
+fn first_values(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
+}
+
+thread_local! {
+    static HEAD_SCRATCH: std::cell::RefCell<HeadScratch> = std::cell::RefCell::default();
 }
 
 /// One (row, head) task, compiled for the family's SIMD (`pulp` dispatch) so that the compiler
@@ -99,22 +175,34 @@ struct HeadTask<'a> {
     qkv: &'a [f32],
     row: usize,
     head: usize,
+    scratch: &'a mut HeadScratch,
+    out: &'a HeadOutputs,
 }
 
 impl WithSimd for HeadTask<'_> {
-    type Output = Vec<f32>;
+    type Output = ();
 
     #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) -> Vec<f32> {
-        self.op.head(simd, self.qkv, self.row, self.head)
+    fn with_simd<S: Simd>(self, simd: S) {
+        self.op
+            .head(simd, self.qkv, self.row, self.head, self.scratch, self.out);
     }
 }
 
 impl AttentionOp<'_> {
-    /// The attended values `[n, head_dim]` of one head of one row (`n` its real length). Serial:
-    /// the op's parallelism is across (row, head) tasks, so nothing here forks on the pool.
+    /// The attended values of one head of one row into `target` (positions past the row's length
+    /// `n`: zeros). Serial: the op's parallelism is across (row, head) tasks, so nothing here forks
+    /// on the pool (and `scratch`, this thread's, is not borrowed twice).
     #[inline(always)]
-    fn head<S: Simd>(&self, simd: S, qkv: &[f32], row: usize, head: usize) -> Vec<f32> {
+    fn head<S: Simd>(
+        &self,
+        simd: S,
+        qkv: &[f32],
+        row: usize,
+        head: usize,
+        scratch: &mut HeadScratch,
+        target: &HeadOutputs,
+    ) {
         let (hd, n) = (self.head_dim, self.lengths[row]);
         let d = self.heads * hd;
         let nr = self.kernels.panel_width();
@@ -122,15 +210,27 @@ impl AttentionOp<'_> {
         let value_panels = hd.div_ceil(nr);
         let padded = key_panels * nr;
         // q rows with RoPE, row-major (the products read them in place); keys with RoPE as panels
-        // (nr keys per depth); values as panels (nr dimensions per key). Zero past `n` and `hd`.
-        let mut q = vec![0f32; n * hd];
-        let mut keys = vec![0f32; key_panels * hd * nr];
-        let mut values = vec![0f32; value_panels * n * nr];
-        let mut rotated = vec![0f32; hd];
+        // (nr keys per depth); values as panels (nr dimensions per key). Lanes past `n` and `hd`
+        // hold whatever an earlier task left: the scores of keys past `n` and the values past `hd`
+        // are computed and never read.
+        let HeadScratch {
+            q,
+            keys,
+            values,
+            rotated,
+            scores,
+            out,
+        } = scratch;
+        let q = first_values(q, n * hd);
+        let keys = first_values(keys, key_panels * hd * nr);
+        let values = first_values(values, value_panels * n * nr);
+        let rotated = first_values(rotated, hd);
+        let scores = first_values(scores, MR * padded);
+        let out = first_values(out, n * value_panels * nr);
         for t in 0..n {
             let at = (row * self.len + t) * 3 * d + head * hd;
             self.rotate(&qkv[at..at + hd], t, &mut q[t * hd..(t + 1) * hd]);
-            self.rotate(&qkv[at + d..at + d + hd], t, &mut rotated);
+            self.rotate(&qkv[at + d..at + d + hd], t, rotated);
             let (panel, lane) = (t / nr, t % nr);
             for (depth, &k) in rotated.iter().enumerate() {
                 keys[(panel * hd + depth) * nr + lane] = k;
@@ -139,8 +239,6 @@ impl AttentionOp<'_> {
                 values[(panel * n + t) * nr..][..v.len()].copy_from_slice(v);
             }
         }
-        let mut scores = vec![0f32; MR * padded];
-        let mut out = vec![0f32; n * value_panels * nr];
         for first in (0..n).step_by(MR) {
             let rows = MR.min(n - first);
             // Keys any row of the tile may see.
@@ -184,13 +282,15 @@ impl AttentionOp<'_> {
                 product.run(simd, rows, nr);
             }
         }
-        if value_panels * nr == hd {
-            return out;
+        for t in 0..self.len {
+            let values = (t < n).then(|| &out[t * value_panels * nr..t * value_panels * nr + hd]);
+            // SAFETY: the `hd` columns from `head · hd` of position `t` of `row` are this task's
+            // alone (one task per (row, head)).
+            #[allow(unsafe_code)]
+            unsafe {
+                target.write(row, t * d + head * hd, hd, values)
+            };
         }
-        out.chunks_exact(value_panels * nr)
-            .flat_map(|r| &r[..hd])
-            .copied()
-            .collect()
     }
 
     /// RoPE ("rotate half") of one head vector at position `t`, as transformers computes it in f32.
@@ -540,6 +640,11 @@ mod tests {
                     kernels,
                 };
                 let layout = Layout::contiguous((lengths.len() * len, 3 * d));
+                // The same input with no padding first: its output (no zeros) freed, the next one of
+                // the same size most likely gets that memory back, so a padded position the op
+                // failed to write would show a value.
+                let full = [len; 4];
+                drop(AttentionOp { lengths: &full, ..op }.cpu_fwd(&CpuStorage::F32(qkv.clone()), &layout)?);
                 let (CpuStorage::F32(out), shape) = op.cpu_fwd(&CpuStorage::F32(qkv.clone()), &layout)? else {
                     panic!("attention returned another dtype")
                 };
