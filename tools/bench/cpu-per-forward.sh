@@ -3,7 +3,7 @@
 # cores other work shares, wall time measures the scheduler more than the code; the CPU time the
 # forward's threads spend does not (docs/benchmarks.md, "Profile after the kernels").
 #   tools/bench/cpu-per-forward.sh <layad-bench> <name> <precision> <runs> [layad-bench args ...]
-# One row of LENGTH (64) tokens, THREADS (2) threads, the random ModernBERT-large under CHECKPOINTS
+# ROWS (1) rows of LENGTH (64) tokens, THREADS (2) threads, the random ModernBERT-large under CHECKPOINTS
 # (/work/bench). The timed forwards end the process, so the samples of its last sum(times_ms)
 # seconds are theirs: CPU ms per forward = samples / rate / runs, and the busiest thread's share.
 # Writes OUT/<name>.{log,json,perf.data} (OUT: target/bench/cpu); `cpu_breakdown.py OUT <name>`
@@ -11,10 +11,10 @@
 set -euo pipefail
 BIN=${1:?layad-bench}; NAME=${2:?name}; PREC=${3:?precision}; RUNS=${4:?timed forwards}; shift 4
 OUT=${OUT:-target/bench/cpu}; RATE=${RATE:-999}; CHECKPOINTS=${CHECKPOINTS:-/work/bench}
-LENGTH=${LENGTH:-64}; THREADS=${THREADS:-2}
+LENGTH=${LENGTH:-64}; THREADS=${THREADS:-2}; ROWS=${ROWS:-1}
 mkdir -p "$OUT"
 perf record -q -e cpu-clock -F "$RATE" -o "$OUT/$NAME.perf.data" -- "$BIN" --out-dir "$CHECKPOINTS" \
-    --models modernbert-large --lengths "$LENGTH" --rows 1 --precisions "$PREC" --python none \
+    --models modernbert-large --lengths "$LENGTH" --rows "$ROWS" --precisions "$PREC" --python none \
     --min-runs "$RUNS" --max-runs "$RUNS" --threads "$THREADS" --json "$OUT/$NAME.json" "$@" > "$OUT/$NAME.log" 2>&1
 perf script -i "$OUT/$NAME.perf.data" -F tid,time 2>/dev/null | tr -d ':' > "$OUT/$NAME.times"
 python3 - "$OUT/$NAME.times" "$OUT/$NAME.json" "$RATE" "$NAME" <<'PY'
