@@ -171,6 +171,16 @@ impl QuantizedWeight {
         let stride = count * NR_Q;
         #[cfg(target_arch = "x86_64")]
         let simd = self.quad_simd(portable);
+        // One VNNI tile of `rows` plane rows (the portable one without the SIMD kernel).
+        let tile = |rows: usize, call: QuadTileCall<'_>| {
+            #[cfg(target_arch = "x86_64")]
+            match simd {
+                Some(simd) => simd.tile(rows, call),
+                None => scalar_quad_tile(rows, call),
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            scalar_quad_tile(rows, call);
+        };
         if self.kernel == Int8Kernel::Amx {
             // A few rows past the last whole tile block go through the VNNI tile instead: on the
             // tiles they cost a whole block's weight-tile loads (2 rows of 66: 11% of the tile
@@ -214,13 +224,7 @@ impl QuantizedWeight {
                         accumulate: false,
                         prefetch: Prefetch::NONE,
                     };
-                    #[cfg(target_arch = "x86_64")]
-                    match simd {
-                        Some(simd) => simd.tile(tail, call),
-                        None => scalar_quad_tile(tail, call),
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    scalar_quad_tile(tail, call);
+                    tile(tail, call);
                 }
             }
             return;
@@ -239,9 +243,9 @@ impl QuantizedWeight {
         while depth < quads {
             let kc = KC_Q.min(quads - depth);
             let prefetch = next.pass(depth, kc);
-            for (tile, row) in (0..rows).step_by(MR_Q).enumerate() {
+            for (row_tile, row) in (0..rows).step_by(MR_Q).enumerate() {
                 let height = MR_Q.min(rows - row);
-                let x = &packed_x[(tile * quads + depth) * MR_Q..(tile * quads + depth + kc) * MR_Q];
+                let x = &packed_x[(row_tile * quads + depth) * MR_Q..(row_tile * quads + depth + kc) * MR_Q];
                 for p in 0..count {
                     let start = (first + p) * quads * 4 * NR_Q;
                     let call = QuadTileCall {
@@ -250,15 +254,9 @@ impl QuantizedWeight {
                         out: &mut sums[row * stride + p * NR_Q..],
                         stride,
                         accumulate: depth > 0,
-                        prefetch: prefetch.share(first + p, tile),
+                        prefetch: prefetch.share(first + p, row_tile),
                     };
-                    #[cfg(target_arch = "x86_64")]
-                    match simd {
-                        Some(simd) => simd.tile(height, call),
-                        None => scalar_quad_tile(height, call),
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    scalar_quad_tile(height, call);
+                    tile(height, call);
                 }
             }
             depth += kc;
