@@ -90,6 +90,9 @@ pub struct PoolStatus {
     pub capabilities: Capabilities,
     /// Expected time until a new job could start: queued and running work per ready worker.
     pub backlog: Duration,
+    /// The device time of the jobs queued over the last second, alone, per ready worker and second:
+    /// from 0.9 on the pool batches for throughput (`pool::queue::SATURATED`).
+    pub offered_load: f64,
     /// Jobs placed here, by route (spilled = spilled in from another pool).
     pub routed: RouteCounts,
     /// Jobs that preferred this pool but spilled to another.
@@ -327,6 +330,7 @@ mod tests {
                 retiring: false,
                 capabilities: Capabilities::from_config(&PoolConfig::named("gpu")),
                 backlog: Duration::ZERO,
+                offered_load: 0.0,
                 routed: RouteCounts::default(),
                 spilled_out: 0,
                 probes: 0,

@@ -384,6 +384,7 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
             "retiring",
             "takes",
             "backlog_ms",
+            "offered_load",
             "routed",
             "batches",
             "queue_wait_ms",
@@ -397,6 +398,7 @@ async fn readyz_waits_for_the_workers_and_health_tells_the_truth() {
                            "why": "the last 2 forwards took 4.1× and 3.9× their normal time", "changes": 1})
     );
     assert_eq!(pool["backlog_ms"], 3.0);
+    assert_eq!(pool["offered_load"], 0.93);
     assert_eq!(pool["routed"]["taken_from_others"], 2);
     assert_eq!(
         pool["queue_wait_ms"],

@@ -478,6 +478,7 @@ impl Pool {
             retiring: state.retiring,
             capabilities: self.capabilities_of(&state),
             backlog: state.backlog().unwrap_or_default(),
+            offered_load: state.offered_load(Instant::now()),
             routed: state.routed,
             probes: state.probes,
             spilled_out: state.spilled_out,

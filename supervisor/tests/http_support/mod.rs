@@ -202,6 +202,7 @@ impl Backend for GoldenBackend {
                 retiring: false,
                 capabilities: Capabilities::from_config(&PoolConfig::named("gpu")),
                 backlog: Duration::from_millis(3),
+                offered_load: 0.9312,
                 routed: RouteCounts::default(),
                 spilled_out: 0,
                 probes: 0,

@@ -191,6 +191,7 @@ fn pool_json(pool: &PoolStatus) -> Value {
             "max_batch_tokens": pool.capabilities.max_batch_tokens,
         },
         "backlog_ms": (pool.backlog.as_secs_f64() * 1e4).round() / 10.0,
+        "offered_load": (pool.offered_load * 100.0).round() / 100.0,
         "routed": {
             "preferred": pool.routed.preferred,
             "spilled_in": pool.routed.spilled,

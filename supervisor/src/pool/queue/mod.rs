@@ -7,7 +7,10 @@
 //! arrival); a batch is the first job a worker can run plus later jobs of the same checkpoint that
 //! fit beside it without too much padding, and only while sharing the forward is expected to save
 //! the queue more time than it costs the batch ([`joins_batch`]) — or to measure one batch size
-//! whose time is still a guess.
+//! whose time is still a guess. A saturated pool (more work arriving than its workers could run one
+//! job at a time, [`State::offered_load`]) batches for throughput instead ([`throughput_size`]):
+//! there every job waits behind the ones still to come, and only more work per second of device
+//! time shortens those waits.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -30,6 +33,26 @@ pub const PROBE_MAX_GAP: Duration = Duration::from_secs(2);
 
 /// Most padding a batch may add, as a share of the tokens its jobs would run alone.
 const MAX_PADDING: f64 = 0.25;
+
+/// How far back [`State::offered_load`] looks: several short forwards long, and a pool whose
+/// clients went away stops batching for throughput within it.
+const LOAD_WINDOW: Duration = Duration::from_secs(1);
+
+/// Offered load from which a pool batches for throughput: its workers, running the jobs one at a
+/// time, would be busy all the time. Below 1, because closed-loop clients send their next request
+/// only once answered: a few milliseconds of the answer's way back and forth per forward keep
+/// their load just under 1 however many wait.
+pub const SATURATED: f64 = 0.9;
+
+/// A saturated pool batches only where that gets through at least this much more work per second of
+/// device time than running the jobs alone: less is within what the per-band averages vary by, and
+/// a batch always makes its first job wait for the others.
+const MIN_GAIN: f64 = 0.05;
+
+/// Batch sizes whose rate is within this share of the best one count as good as it: the largest of
+/// them is taken. The estimates price every size of a rows band at the band's cost per token, so
+/// only the band's largest size shows what the band's forwards gain.
+const RATE_TOLERANCE: f64 = 0.02;
 
 /// Where a job's answer goes.
 pub type Reply = oneshot::Sender<Result<PoolAnswer, BackendError>>;
@@ -106,6 +129,8 @@ pub struct State {
     pub waits: WaitLog,
     /// When a worker of the pool last started a forward (a slowed pool is probed after a pause).
     pub last_start: Option<Instant>,
+    /// The jobs queued here over the last [`LOAD_WINDOW`] or so: when, and their expected time alone.
+    arrivals: VecDeque<(Instant, Duration)>,
     /// The next arrival number.
     next_seq: u64,
 }
@@ -121,6 +146,83 @@ pub struct State {
 pub fn joins_batch(added: Duration, alone: Duration, members: usize, behind: f64) -> bool {
     let saved = alone.saturating_sub(added).as_secs_f64();
     members as f64 * added.as_secs_f64() < saved * (1.0 + behind)
+}
+
+/// One way to start a saturated pool's next batch: its first `jobs` fitting jobs, what they would
+/// take one at a time (`alone`), what they take together (`together`), and whether that estimate was
+/// measured (else it is interpolated, a guess).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prefix {
+    /// How many jobs.
+    pub jobs: usize,
+    /// Their expected device times alone, summed.
+    pub alone: Duration,
+    /// The expected device time of their batch.
+    pub together: Duration,
+    /// Whether `together` was measured.
+    pub measured: bool,
+}
+
+impl Prefix {
+    /// Work done per second of device time, against running the jobs one at a time.
+    fn rate(&self) -> f64 {
+        self.alone.as_secs_f64() / self.together.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// How many jobs a saturated pool starts together, given the batches it could start (`prefixes`,
+/// by increasing size, the first being the first job alone); `None` when no batch is worth it
+/// ([`joins_batch`] decides then). While jobs arrive faster than the workers can run them one at a
+/// time, every job waits behind those still to come as much as behind those queued, so the batch
+/// that does the most work per second of device time shortens every wait: [`joins_batch`], which
+/// weighs only the jobs queued now, kept 8 closed-loop clients in 2- and 3-row forwards on an AMX
+/// Xeon whose 8-row forwards answer 33–36 requests a second against 22–31 for 1 to 4 rows
+/// (docs/benchmarks/notes.md, "Batching for throughput"). The first size never measured is tried
+/// once, in order, so that each rows band's cost is measured before a rate is read from it.
+pub fn throughput_size(prefixes: &[Prefix]) -> Option<usize> {
+    if let Some(untried) = prefixes.iter().find(|p| !p.measured) {
+        return (untried.jobs > 1).then_some(untried.jobs);
+    }
+    let best = prefixes.iter().map(Prefix::rate).fold(1.0, f64::max);
+    if best < 1.0 + MIN_GAIN {
+        return None;
+    }
+    prefixes
+        .iter()
+        .filter(|p| p.rate() * (1.0 + RATE_TOLERANCE) >= best)
+        .map(|p| p.jobs)
+        .max()
+}
+
+/// A batch being formed: the forward it runs and the tokens its jobs would run alone.
+#[derive(Clone, Copy, Debug)]
+struct Growing {
+    shape: ForwardShape,
+    needed: usize,
+}
+
+impl Growing {
+    fn of(head: ForwardShape) -> Self {
+        Self {
+            shape: head,
+            needed: head.tokens(),
+        }
+    }
+
+    /// The batch with a job of `own` added, if `limits` and the padding allow.
+    fn with(self, own: ForwardShape, limits: &Capabilities) -> Option<Self> {
+        let len = self.shape.padded_len.max(own.padded_len);
+        let rows = self.shape.rows + own.rows;
+        let needed = self.needed + own.tokens();
+        // Every row runs at the batch's length: padding short rows to a long one costs more than
+        // running them apart (a CPU forward's time grows with its tokens), so a job joins only
+        // while the batch stays within MAX_PADDING of the tokens its jobs need alone.
+        let within_padding = (rows * len) as f64 <= needed as f64 * (1.0 + MAX_PADDING);
+        (rows <= limits.max_rows && rows * len <= limits.max_batch_tokens && within_padding).then_some(Self {
+            shape: ForwardShape { rows, padded_len: len },
+            needed,
+        })
+    }
 }
 
 /// The forward a batch runs: all its rows, padded to its longest.
@@ -156,6 +258,14 @@ impl State {
             None => self.probes += 1,
         }
         let enqueued = Instant::now();
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|(at, _)| enqueued.saturating_duration_since(*at) >= LOAD_WINDOW)
+        {
+            self.arrivals.pop_front();
+        }
+        self.arrivals.push_back((enqueued, estimate));
         let priority = policy.priority(enqueued, estimate, job.deadline);
         self.next_seq += 1;
         self.insert(Entry {
@@ -234,6 +344,19 @@ impl State {
                 .is_none_or(|last| now.saturating_duration_since(last) >= gap)
     }
 
+    /// The device time of the jobs queued here over the last [`LOAD_WINDOW`], each as if run alone,
+    /// per second and ready worker: the share of their time the workers would be busy running them
+    /// one at a time. From [`SATURATED`] on, batches are chosen for throughput.
+    pub fn offered_load(&self, now: Instant) -> f64 {
+        let recent: Duration = self
+            .arrivals
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) < LOAD_WINDOW)
+            .map(|(_, estimate)| *estimate)
+            .sum();
+        recent.as_secs_f64() / LOAD_WINDOW.as_secs_f64() / self.ready.len().max(1) as f64
+    }
+
     /// Forgets queued jobs nobody waits for any more: the client went away or its deadline passed
     /// (request handling stopped waiting), so no forward is spent on them.
     pub fn drop_abandoned(&mut self) {
@@ -242,7 +365,8 @@ impl State {
 
     /// The queue positions of a batch led by the job at `first`, with the forward each needs:
     /// later jobs of the same checkpoint that `forward` says fit (`None`: not here) join while
-    /// `limits` and the padding allow. A solo job runs alone.
+    /// `limits` and the padding allow, as many as [`throughput_size`] says when the pool is
+    /// `saturated`, else each as [`joins_batch`] says. A solo job runs alone.
     fn batch_members(
         &self,
         first: usize,
@@ -250,47 +374,78 @@ impl State {
         limits: &Capabilities,
         forward: impl Fn(&Entry) -> Option<ForwardShape>,
         cost: impl Fn(ForwardShape) -> (Duration, bool),
+        saturated: bool,
     ) -> Vec<(usize, ForwardShape)> {
         let head = &self.queue[first];
         let mut members = vec![(first, head_forward)];
-        let (mut rows, mut padded_len, mut needed) =
-            (head_forward.rows, head_forward.padded_len, head_forward.tokens());
         if head.solo || limits.max_rows <= 1 {
             return members;
         }
+        // The jobs that could share the head's forward, in service order, with their own forwards.
+        let candidates = self
+            .queue
+            .iter()
+            .enumerate()
+            .skip(first + 1)
+            .filter(|(_, q)| q.job.checkpoint == head.job.checkpoint && !q.solo && !q.reply.is_closed())
+            .filter_map(|(pos, q)| forward(q).map(|own| (pos, own)))
+            .collect::<Vec<_>>();
+        if saturated && let Some(batch) = Self::for_throughput(head_forward, &candidates, limits, &cost) {
+            members.extend(batch);
+            return members;
+        }
+        let mut batch = Growing::of(head_forward);
         // A batch size never measured has only an interpolated estimate: a batch may grow into one
         // such size to measure it, and from then on its measured time decides.
         let mut tried_a_size = false;
-        for (pos, q) in self.queue.iter().enumerate().skip(first + 1) {
-            if q.job.checkpoint != head.job.checkpoint || q.solo || q.reply.is_closed() {
-                continue;
-            }
-            let Some(own) = forward(q) else { continue };
-            let len = padded_len.max(own.padded_len);
-            let total = rows + own.rows;
-            // Every row runs at the batch's length: padding short rows to a long one costs more
-            // than running them apart (a CPU forward's time grows with its tokens), so a job joins
-            // only while the batch stays within MAX_PADDING of the tokens its jobs need alone.
-            let within_padding = (total * len) as f64 <= (needed + own.tokens()) as f64 * (1.0 + MAX_PADDING);
-            if total > limits.max_rows || total * len > limits.max_batch_tokens || !within_padding {
-                continue;
-            }
-            let grown = ForwardShape {
-                rows: total,
-                padded_len: len,
-            };
-            let current = ForwardShape { rows, padded_len };
-            let ((with, measured), (without, _), (alone, _)) = (cost(grown), cost(current), cost(own));
+        for &(pos, own) in &candidates {
+            let Some(grown) = batch.with(own, limits) else { continue };
+            let ((with, measured), (without, _), (alone, _)) = (cost(grown.shape), cost(batch.shape), cost(own));
             // Shared by the workers that serve this queue: each waits behind a share of it.
             let behind = (self.queue.len() - pos - 1) as f64 / self.ready.len().max(1) as f64;
             let try_size = !measured && !tried_a_size;
             if try_size || joins_batch(with.saturating_sub(without), alone, members.len(), behind) {
                 tried_a_size |= try_size;
                 members.push((pos, own));
-                (rows, padded_len, needed) = (total, len, needed + own.tokens());
+                batch = grown;
             }
         }
         members
+    }
+
+    /// For a saturated pool: the jobs of `candidates` (queue positions and forwards, in service
+    /// order) that join a batch led by a job of `head`, as [`throughput_size`] chooses among the
+    /// prefixes of those that fit; `None` when it finds no batch worth it.
+    fn for_throughput(
+        head: ForwardShape,
+        candidates: &[(usize, ForwardShape)],
+        limits: &Capabilities,
+        cost: impl Fn(ForwardShape) -> (Duration, bool),
+    ) -> Option<Vec<(usize, ForwardShape)>> {
+        let (alone, measured) = cost(head);
+        let mut prefixes = vec![Prefix {
+            jobs: 1,
+            alone,
+            together: alone,
+            measured,
+        }];
+        let (mut batch, mut joined) = (Growing::of(head), Vec::new());
+        for &(pos, own) in candidates {
+            let Some(grown) = batch.with(own, limits) else { continue };
+            joined.push((pos, own));
+            let (together, measured) = cost(grown.shape);
+            let alone = prefixes.last().map_or(Duration::ZERO, |p| p.alone) + cost(own).0;
+            prefixes.push(Prefix {
+                jobs: joined.len() + 1,
+                alone,
+                together,
+                measured,
+            });
+            batch = grown;
+        }
+        let size = throughput_size(&prefixes)?;
+        joined.truncate(size - 1);
+        Some(joined)
     }
 
     /// Removes the queue positions `members` (ascending), setting each job's forward; in order.
@@ -351,6 +506,7 @@ impl State {
             limits,
             |q| Some(q.forward),
             |f| (self.model.estimate(checkpoint, f), self.model.measured(checkpoint, f)),
+            self.offered_load(Instant::now()) >= SATURATED,
         );
         let rows: usize = members.iter().map(|(_, f)| f.rows).sum();
         if rows < limits.max_rows && !head.solo && head.enqueued.elapsed() < batch_wait {
@@ -392,9 +548,16 @@ impl State {
         }
         let (first, forward, would_start) = head?;
         let checkpoint = self.queue[first].job.checkpoint;
-        let members = self.batch_members(first, forward, limits, fits, |f| {
-            (service(checkpoint, f), measured(checkpoint, f))
-        });
+        // The peer's worker is idle and takes only what would wait here: this pool's load is not
+        // its own.
+        let members = self.batch_members(
+            first,
+            forward,
+            limits,
+            fits,
+            |f| (service(checkpoint, f), measured(checkpoint, f)),
+            false,
+        );
         let mut batch = self.remove(&members);
         for q in &mut batch {
             q.estimate = service(q.job.checkpoint, q.forward);

@@ -112,6 +112,12 @@ fn measure(state: &mut State, rows: usize) {
     state.model.observe(ENGLISH, shape, expected, Instant::now());
 }
 
+/// Forgets when the queued jobs arrived, as if they had waited longer than the load window: the
+/// pool is not saturated, however many wait, and [`joins_batch`] decides its batches.
+fn arrived_long_ago(state: &mut State) {
+    state.arrivals.clear();
+}
+
 fn ids(entries: &[Entry]) -> Vec<&str> {
     entries.iter().map(|q| q.job.request_id.as_str()).collect()
 }
@@ -492,6 +498,7 @@ fn an_untried_batch_size_is_tried_once_then_its_measured_time_decides() {
     let mut state = state(1.0, 1);
     let row: &[usize] = &[64];
     let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 20]);
+    arrived_long_ago(&mut state);
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
         .expect("a batch");
@@ -518,6 +525,7 @@ fn a_small_saving_is_worth_a_batch_only_behind_a_deep_queue() {
         }
         let row: &[usize] = &[64];
         let _answers = queue(&mut state, QueueOrder::ShortestFirst, &vec![(ENGLISH, row); queued]);
+        arrived_long_ago(&mut state);
         let batch = state
             .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
             .expect("a batch");
@@ -541,6 +549,91 @@ fn joining_a_batch_weighs_the_members_delay_against_the_time_saved() {
     assert!(!joins_batch(30 * MS, 20 * MS, 1, 1000.0));
     // Free rows always join.
     assert!(joins_batch(Duration::ZERO, 20 * MS, 63, 0.0));
+}
+
+#[test]
+fn the_offered_load_is_the_recent_work_alone_per_ready_worker() {
+    // 64-token jobs of 64 ms each: ten of them are 0.64 s of work for one worker.
+    let mut state = state(1.0, 1);
+    let row: &[usize] = &[64];
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 10]);
+    let now = Instant::now();
+    assert!(
+        (state.offered_load(now) - 0.64).abs() < 1e-6,
+        "{}",
+        state.offered_load(now)
+    );
+    // Work already run counts as much as work queued: it is the rate at which work comes.
+    state.queue.clear();
+    assert!((state.offered_load(now) - 0.64).abs() < 1e-6);
+    // A second worker halves each one's share; a window later nothing recent is left.
+    state.ready.insert(1, state.ready[&0].clone());
+    assert!((state.offered_load(now) - 0.32).abs() < 1e-6);
+    assert_eq!(state.offered_load(now + LOAD_WINDOW), 0.0);
+}
+
+#[test]
+fn a_saturated_pool_batches_for_the_most_work_per_second_even_with_nobody_behind() {
+    // 20 ms per forward + 1 ms per token: a 64-token row alone 84 ms; 2 rows 148 ms, 4 rows 276:
+    // 1.14 and 1.22 times the work a second of one row at a time.
+    let mut state = state_with_overhead(20.0, 1.0, 1);
+    for rows in [1, 2, 4] {
+        measure(&mut state, rows);
+    }
+    let row: &[usize] = &[64];
+    // Twelve arrived within the second (1.01 s of work alone); nine of them ran already.
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 12]);
+    state.queue.truncate(3);
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
+    assert_eq!(
+        batch.len(),
+        3,
+        "3 rows cost 207 ms (the 4-row band's per token) for 252 ms of work"
+    );
+    // The same three jobs without the arrivals before them: the second would add 64 ms to the
+    // first's 84 and save 20 for itself and the one behind it. Rows run apart.
+    let mut state = state_with_overhead(20.0, 1.0, 1);
+    for rows in [1, 2, 4] {
+        measure(&mut state, rows);
+    }
+    let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 3]);
+    let batch = state
+        .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
+        .expect("a batch");
+    assert_eq!(batch.len(), 1);
+}
+
+#[test]
+fn throughput_batches_try_each_unmeasured_size_then_take_the_largest_near_the_best_rate() {
+    let prefix = |jobs: usize, rate: f64, measured: bool| Prefix {
+        jobs,
+        alone: Duration::from_secs_f64(0.1 * jobs as f64),
+        together: Duration::from_secs_f64(0.1 * jobs as f64 / rate),
+        measured,
+    };
+    // The first size never measured is tried, whatever the measured ones say.
+    let sizes = [
+        prefix(1, 1.0, true),
+        prefix(2, 1.3, true),
+        prefix(3, 0.5, false),
+        prefix(4, 1.0, false),
+    ];
+    assert_eq!(throughput_size(&sizes), Some(3));
+    // The first job's own forward unmeasured: no rate to compare with.
+    assert_eq!(throughput_size(&[prefix(1, 1.0, false), prefix(2, 1.5, true)]), None);
+    // Under 5% more work a second: not worth a batch.
+    assert_eq!(throughput_size(&[prefix(1, 1.0, true), prefix(2, 1.04, true)]), None);
+    // The best rate is 1.30; 1.29 is within 2% of it and carries a job more; 1.20 is not.
+    let sizes = [
+        prefix(1, 1.0, true),
+        prefix(2, 1.1, true),
+        prefix(3, 1.3, true),
+        prefix(4, 1.29, true),
+        prefix(5, 1.2, true),
+    ];
+    assert_eq!(throughput_size(&sizes), Some(4));
 }
 
 /// One worker that has measured a one-row 64-token forward: the state, that shape, its estimate.
