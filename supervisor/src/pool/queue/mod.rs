@@ -10,7 +10,7 @@
 //! whose time is still a guess. A saturated pool (more work arriving than its workers could run one
 //! job at a time, [`State::offered_load`]) batches for throughput instead ([`throughput_size`]):
 //! there every job waits behind the ones still to come, and only more work per second of device
-//! time shortens those waits.
+//! time shortens those waits. The two rules are in [`batching`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -25,34 +25,20 @@ use crate::pool::order::{QueuePolicy, Timeline};
 use crate::pool::waits::WaitLog;
 use crate::status::{RouteCounts, WorkerStatus};
 
+mod batching;
+
+use batching::{Growing, throughput_members};
+pub use batching::{Prefix, SATURATED, joins_batch, throughput_size};
+
 /// Longest gap between two probes of a slowed pool, however long its estimate: the estimate may be
 /// what is wrong (two forwards delayed by a busy machine can set a speed factor in the thousands),
 /// and the probe is what corrects it; a probe of a pool that really is that slow only runs while
 /// it is idle, so it takes no work from it.
 pub const PROBE_MAX_GAP: Duration = Duration::from_secs(2);
 
-/// Most padding a batch may add, as a share of the tokens its jobs would run alone.
-const MAX_PADDING: f64 = 0.25;
-
 /// How far back [`State::offered_load`] looks: several short forwards long, and a pool whose
 /// clients went away stops batching for throughput within it.
 const LOAD_WINDOW: Duration = Duration::from_secs(1);
-
-/// Offered load from which a pool batches for throughput: its workers, running the jobs one at a
-/// time, would be busy all the time. Below 1, because closed-loop clients send their next request
-/// only once answered: a few milliseconds of the answer's way back and forth per forward keep
-/// their load just under 1 however many wait.
-pub const SATURATED: f64 = 0.9;
-
-/// A saturated pool batches only where that gets through at least this much more work per second of
-/// device time than running the jobs alone: less is within what the per-band averages vary by, and
-/// a batch always makes its first job wait for the others.
-const MIN_GAIN: f64 = 0.05;
-
-/// Batch sizes whose rate is within this share of the best one count as good as it: the largest of
-/// them is taken. The estimates price every size of a rows band at the band's cost per token, so
-/// only the band's largest size shows what the band's forwards gain.
-const RATE_TOLERANCE: f64 = 0.02;
 
 /// Where a job's answer goes.
 pub type Reply = oneshot::Sender<Result<PoolAnswer, BackendError>>;
@@ -133,96 +119,6 @@ pub struct State {
     arrivals: VecDeque<(Instant, Duration)>,
     /// The next arrival number.
     next_seq: u64,
-}
-
-/// Whether a job joins a batch of `members` jobs, given what it adds to the batch's device time
-/// (`added`), what it would take alone (`alone`) and how many queued jobs wait behind it per worker
-/// (`behind`). Every job of a batch waits for all of it, so joining delays the `members` by `added`;
-/// it saves `alone - added` for the job itself and for each job behind it. It joins when the saving
-/// outweighs the delay: on a GPU a row adds little and batches grow; on a CPU a 64-token row adds
-/// most of its own time (about 0.8 of it on two threads, where the worker runs a batch's rows side
-/// by side; docs/benchmarks.md, "Rows side by side"), so only a deep queue makes a batch worth its
-/// members' wait.
-pub fn joins_batch(added: Duration, alone: Duration, members: usize, behind: f64) -> bool {
-    let saved = alone.saturating_sub(added).as_secs_f64();
-    members as f64 * added.as_secs_f64() < saved * (1.0 + behind)
-}
-
-/// One way to start a saturated pool's next batch: its first `jobs` fitting jobs, what they would
-/// take one at a time (`alone`), what they take together (`together`), and whether that estimate was
-/// measured (else it is interpolated, a guess).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Prefix {
-    /// How many jobs.
-    pub jobs: usize,
-    /// Their expected device times alone, summed.
-    pub alone: Duration,
-    /// The expected device time of their batch.
-    pub together: Duration,
-    /// Whether `together` was measured.
-    pub measured: bool,
-}
-
-impl Prefix {
-    /// Work done per second of device time, against running the jobs one at a time.
-    fn rate(&self) -> f64 {
-        self.alone.as_secs_f64() / self.together.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-}
-
-/// How many jobs a saturated pool starts together, given the batches it could start (`prefixes`,
-/// by increasing size, the first being the first job alone); `None` when no batch is worth it
-/// ([`joins_batch`] decides then). While jobs arrive faster than the workers can run them one at a
-/// time, every job waits behind those still to come as much as behind those queued, so the batch
-/// that does the most work per second of device time shortens every wait: [`joins_batch`], which
-/// weighs only the jobs queued now, kept 8 closed-loop clients in 2- and 3-row forwards on an AMX
-/// Xeon whose 8-row forwards answer 33–36 requests a second against 22–31 for 1 to 4 rows
-/// (docs/benchmarks/notes.md, "Batching for throughput"). The first size never measured is tried
-/// once, in order, so that each rows band's cost is measured before a rate is read from it.
-pub fn throughput_size(prefixes: &[Prefix]) -> Option<usize> {
-    if let Some(untried) = prefixes.iter().find(|p| !p.measured) {
-        return (untried.jobs > 1).then_some(untried.jobs);
-    }
-    let best = prefixes.iter().map(Prefix::rate).fold(1.0, f64::max);
-    if best < 1.0 + MIN_GAIN {
-        return None;
-    }
-    prefixes
-        .iter()
-        .filter(|p| p.rate() * (1.0 + RATE_TOLERANCE) >= best)
-        .map(|p| p.jobs)
-        .max()
-}
-
-/// A batch being formed: the forward it runs and the tokens its jobs would run alone.
-#[derive(Clone, Copy, Debug)]
-struct Growing {
-    shape: ForwardShape,
-    needed: usize,
-}
-
-impl Growing {
-    fn of(head: ForwardShape) -> Self {
-        Self {
-            shape: head,
-            needed: head.tokens(),
-        }
-    }
-
-    /// The batch with a job of `own` added, if `limits` and the padding allow.
-    fn with(self, own: ForwardShape, limits: &Capabilities) -> Option<Self> {
-        let len = self.shape.padded_len.max(own.padded_len);
-        let rows = self.shape.rows + own.rows;
-        let needed = self.needed + own.tokens();
-        // Every row runs at the batch's length: padding short rows to a long one costs more than
-        // running them apart (a CPU forward's time grows with its tokens), so a job joins only
-        // while the batch stays within MAX_PADDING of the tokens its jobs need alone.
-        let within_padding = (rows * len) as f64 <= needed as f64 * (1.0 + MAX_PADDING);
-        (rows <= limits.max_rows && rows * len <= limits.max_batch_tokens && within_padding).then_some(Self {
-            shape: ForwardShape { rows, padded_len: len },
-            needed,
-        })
-    }
 }
 
 /// The forward a batch runs: all its rows, padded to its longest.
@@ -390,7 +286,7 @@ impl State {
             .filter(|(_, q)| q.job.checkpoint == head.job.checkpoint && !q.solo && !q.reply.is_closed())
             .filter_map(|(pos, q)| forward(q).map(|own| (pos, own)))
             .collect::<Vec<_>>();
-        if saturated && let Some(batch) = Self::for_throughput(head_forward, &candidates, limits, &cost) {
+        if saturated && let Some(batch) = throughput_members(head_forward, &candidates, limits, &cost) {
             members.extend(batch);
             return members;
         }
@@ -411,41 +307,6 @@ impl State {
             }
         }
         members
-    }
-
-    /// For a saturated pool: the jobs of `candidates` (queue positions and forwards, in service
-    /// order) that join a batch led by a job of `head`, as [`throughput_size`] chooses among the
-    /// prefixes of those that fit; `None` when it finds no batch worth it.
-    fn for_throughput(
-        head: ForwardShape,
-        candidates: &[(usize, ForwardShape)],
-        limits: &Capabilities,
-        cost: impl Fn(ForwardShape) -> (Duration, bool),
-    ) -> Option<Vec<(usize, ForwardShape)>> {
-        let (alone, measured) = cost(head);
-        let mut prefixes = vec![Prefix {
-            jobs: 1,
-            alone,
-            together: alone,
-            measured,
-        }];
-        let (mut batch, mut joined) = (Growing::of(head), Vec::new());
-        for &(pos, own) in candidates {
-            let Some(grown) = batch.with(own, limits) else { continue };
-            joined.push((pos, own));
-            let (together, measured) = cost(grown.shape);
-            let alone = prefixes.last().map_or(Duration::ZERO, |p| p.alone) + cost(own).0;
-            prefixes.push(Prefix {
-                jobs: joined.len() + 1,
-                alone,
-                together,
-                measured,
-            });
-            batch = grown;
-        }
-        let size = throughput_size(&prefixes)?;
-        joined.truncate(size - 1);
-        Some(joined)
     }
 
     /// Removes the queue positions `members` (ascending), setting each job's forward; in order.
