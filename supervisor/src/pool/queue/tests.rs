@@ -576,10 +576,14 @@ fn the_offered_load_is_the_recent_work_alone_per_ready_worker() {
 fn a_saturated_pool_batches_for_the_most_work_per_second_even_with_nobody_behind() {
     // 20 ms per forward + 1 ms per token: a 64-token row alone 84 ms; 2 rows 148 ms, 4 rows 276:
     // 1.14 and 1.22 times the work a second of one row at a time.
-    let mut state = state_with_overhead(20.0, 1.0, 1);
-    for rows in [1, 2, 4] {
-        measure(&mut state, rows);
-    }
+    let measured_pool = || {
+        let mut state = state_with_overhead(20.0, 1.0, 1);
+        for rows in [1, 2, 4] {
+            measure(&mut state, rows);
+        }
+        state
+    };
+    let mut state = measured_pool();
     let row: &[usize] = &[64];
     // Twelve arrived within the second (1.01 s of work alone); nine of them ran already.
     let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 12]);
@@ -594,10 +598,7 @@ fn a_saturated_pool_batches_for_the_most_work_per_second_even_with_nobody_behind
     );
     // The same three jobs without the arrivals before them: the second would add 64 ms to the
     // first's 84 and save 20 for itself and the one behind it. Rows run apart.
-    let mut state = state_with_overhead(20.0, 1.0, 1);
-    for rows in [1, 2, 4] {
-        measure(&mut state, rows);
-    }
+    let mut state = measured_pool();
     let _answers = queue(&mut state, QueueOrder::ShortestFirst, &[(ENGLISH, row); 3]);
     let batch = state
         .take_batch(0, &CheckpointName::ALL, &general(), Duration::ZERO)
