@@ -96,7 +96,7 @@ pub(super) fn throughput_members(
     limits: &Capabilities,
     cost: impl Fn(ForwardShape) -> (Duration, bool),
 ) -> Option<Vec<(usize, ForwardShape)>> {
-    let (alone, measured) = cost(head);
+    let (mut alone, measured) = cost(head);
     let mut prefixes = vec![Prefix {
         jobs: 1,
         alone,
@@ -107,8 +107,8 @@ pub(super) fn throughput_members(
     for &(pos, own) in candidates {
         let Some(grown) = batch.with(own, limits) else { continue };
         joined.push((pos, own));
+        alone += cost(own).0;
         let (together, measured) = cost(grown.shape);
-        let alone = prefixes.last().map_or(Duration::ZERO, |p| p.alone) + cost(own).0;
         prefixes.push(Prefix {
             jobs: joined.len() + 1,
             alone,
