@@ -6,14 +6,16 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::{
-    __m512, __m512bh, __m512i, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_maskz_loadu_ps, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_storeu_si512,
+    __m256bh, __m256i, __m512, __m512bh, __m512i, _mm512_cvtepu16_epi32, _mm512_cvtne2ps_pbh, _mm512_cvtneps_pbh,
+    _mm512_dpbf16_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_storeu_epi32, _mm512_maskz_loadu_ps,
+    _mm512_or_si512, _mm512_set1_epi32, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
 use super::tile::{Bf16TileCall, MR, NR};
+use crate::driver::Prefetch;
 
 /// Proof that this CPU has AVX-512F, AVX-512BW and AVX512_BF16.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Bf16Dp(());
 
 impl Bf16Dp {
@@ -29,6 +31,14 @@ impl Bf16Dp {
     pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32], step: usize) {
         // SAFETY: as in `tile`.
         unsafe { pack_row(row, dst, step) }
+    }
+
+    /// `words[c] = bf16(low[c]) | bf16(high[c]) << 16` for every `c < low.len()` (as
+    /// [`super::pair_word`] of the two, but subnormal values flush to zero); `high` past its end
+    /// reads as zeros.
+    pub(super) fn interleave(self, low: &[f32], high: &[f32], words: &mut [u32]) {
+        // SAFETY: as in `tile`.
+        unsafe { interleave(low, high, words) }
     }
 
     /// One tile of `rows` (at most `MR`) rows.
@@ -48,33 +58,91 @@ impl Bf16Dp {
             }
         }
     }
+
+    /// [`Bf16Dp::tile`] on a panel held as words (each column's two bf16 of a depth pair in one
+    /// word: [`super::RowsProduct`]'s panels), its sums stored.
+    pub(super) fn tile_of_words(self, rows: usize, x: &[u32], panel: &[u32], out: &mut [f32], stride: usize) {
+        // SAFETY: a u32 is two u16 in memory order (low half first on x86-64), at least as
+        // aligned; every bit pattern is a valid u16.
+        let (before, panel, after) = unsafe { panel.align_to::<u16>() };
+        assert!(before.is_empty() && after.is_empty(), "u32 words as u16 pairs");
+        self.tile(
+            rows,
+            Bf16TileCall {
+                x,
+                panel,
+                out,
+                stride,
+                accumulate: false,
+                prefetch: Prefetch::NONE,
+            },
+        );
+    }
 }
 
 /// 32 values at a time: `vcvtne2ps2bf16` rounds two registers to nearest even (NaN stays NaN,
-/// quieted) into 16 pair words, which go to every `step`-th word of `dst`; masked loads read
-/// the tail as zeros, the padding `dst` holds past `k` anyway.
+/// quieted) into 16 pair words, which go to every `step`-th word of `dst` (with one masked store
+/// when `step` is 1); masked loads read the tail as zeros, the padding `dst` holds past `k` anyway.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 fn pack_row(row: &[f32], dst: &mut [u32], step: usize) {
     let mut words = [0u32; 16];
     for (i, chunk) in row.chunks(32).enumerate() {
         let len = chunk.len();
-        let low = ((1u64 << len.min(16)) - 1) as u16;
-        let high = ((1u64 << len.saturating_sub(16)) - 1) as u16;
         // SAFETY: only the lanes inside `chunk` are read (masked loads).
         let (a, b) = unsafe {
             (
-                _mm512_maskz_loadu_ps(low, chunk.as_ptr()),
-                _mm512_maskz_loadu_ps(high, chunk.as_ptr().wrapping_add(16)),
+                _mm512_maskz_loadu_ps(lanes(len), chunk.as_ptr()),
+                _mm512_maskz_loadu_ps(lanes(len.saturating_sub(16)), chunk.as_ptr().wrapping_add(16)),
             )
         };
         // The second operand fills the low 16 bf16: pair words in depth order.
         let pairs: __m512i = as_int(_mm512_cvtne2ps_pbh(b, a));
+        let count = len.div_ceil(2);
+        if step == 1 {
+            let out = &mut dst[16 * i..16 * i + count];
+            // SAFETY: the mask's `count` lanes are `out`'s words; `storeu` needs no alignment.
+            unsafe { _mm512_mask_storeu_epi32(out.as_mut_ptr().cast::<i32>(), lanes(count), pairs) };
+            continue;
+        }
         // SAFETY: `words` is 16 u32 = one 64-byte vector; `storeu` needs no alignment.
         unsafe { _mm512_storeu_si512(words.as_mut_ptr().cast::<__m512i>(), pairs) };
-        for (j, &word) in words.iter().enumerate().take(len.div_ceil(2)) {
+        for (j, &word) in words.iter().enumerate().take(count) {
             dst[(16 * i + j) * step] = word;
         }
     }
+}
+
+/// 16 values of each side at a time: `vcvtneps2bf16` rounds each register to 16 bf16, widened to
+/// words, the high side shifted into the upper halves.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn interleave(low: &[f32], high: &[f32], words: &mut [u32]) {
+    let words = &mut words[..low.len()];
+    for (i, (chunk, out)) in low.chunks(16).zip(words.chunks_mut(16)).enumerate() {
+        let high = high.get(16 * i..).unwrap_or(&[]);
+        // SAFETY: only the lanes inside `chunk` and `high` are read (masked loads).
+        let (a, b) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(lanes(chunk.len()), chunk.as_ptr()),
+                _mm512_maskz_loadu_ps(lanes(high.len().min(16)), high.as_ptr()),
+            )
+        };
+        let a = _mm512_cvtepu16_epi32(as_int256(_mm512_cvtneps_pbh(a)));
+        let b = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(as_int256(_mm512_cvtneps_pbh(b))));
+        // SAFETY: the mask's lanes are `out`'s words; `storeu` needs no alignment.
+        unsafe { _mm512_mask_storeu_epi32(out.as_mut_ptr().cast::<i32>(), lanes(out.len()), _mm512_or_si512(a, b)) };
+    }
+}
+
+/// The mask of the first `count` (at most 16) lanes.
+fn lanes(count: usize) -> u16 {
+    ((1u32 << count.min(16)) - 1) as u16
+}
+
+/// 16 bf16 as 256 integer bits.
+#[inline(always)]
+fn as_int256(v: __m256bh) -> __m256i {
+    // SAFETY: both are 256-bit plain vectors; every bit pattern is a valid integer vector.
+    unsafe { std::mem::transmute::<__m256bh, __m256i>(v) }
 }
 
 /// bf16 pairs as 512 integer bits.

@@ -6,9 +6,12 @@
 //! Why not candle's bf16 CPU path: its matmul converts and multiplies through the `gemm` crate
 //! without native bf16 dot products, and every other op of a bf16 forward runs candle's slower bf16
 //! elementwise code; measured 2× slower than f32 on this machine (issue 26). Here only the matrix
-//! products of the encoder and of the decision head's layers change precision: embeddings, norms,
-//! attention, the scorer and the act head stay f32, as with int8. Served only behind the parity
-//! gate against the f32 forward (`gate.rs`).
+//! products change precision (the encoder's and the decision head's layers' weights, the encoder
+//! attention's q·kᵀ and p·v): embeddings, norms, the softmax, the scorer and the act head stay f32.
+//! Served only behind the parity gate against the f32 forward (`gate.rs`).
+//!
+//! The attention of a bf16 pool multiplies its rows the same way ([`RowsProduct`], `rows.rs`): rows
+//! read where they lie instead of packed, against one panel the attention lays out per head.
 //!
 //! With AMX (the `amx` kernel family) the same panels run on the tile registers instead
 //! (`tdpbf16ps`, `crate::amx`): the depth padded to whole tiles of 16 pairs, the
@@ -22,9 +25,12 @@ use crate::driver::{NextSlices, bias_rows, in_column_blocks};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod rows;
 #[cfg(test)]
 mod tests;
 mod tile;
+
+pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowsKernel, RowsProduct};
 
 use tile::{Bf16TileCall, MR, NR};
 

@@ -122,3 +122,92 @@ fn availability_follows_the_cpu() {
     let empty = Bf16Weight::pack_with(|_, _| 1.0, 3, 2, None, true);
     assert!(empty.matmul(&[], 0).is_empty());
 }
+
+/// Rows laid out one at a time into a tile (the attention's products): the kernel and the portable
+/// code, each against a float64 product of the same bf16 values within f32 rounding, for row counts
+/// up to the most and odd depths, two panels 5 words apart, an output wider than the panels; the
+/// sums are stored over whatever `out` held (NaN here), and the tile's other rows (NaN) unread.
+#[test]
+fn rows_products_match_float_products() {
+    let kernels = [RowsKernel::detect(), RowsKernel::portable()];
+    for &(rows, depth) in &[(1usize, 1usize), (3, 7), (MAX_ROWS, 64), (5, 130), (2, 2)] {
+        let pairs = depth.div_ceil(2);
+        let x = values(rows * depth, rows + depth);
+        let w = values(depth * PANEL_COLUMNS, depth);
+        // Two panels 5 words apart past the first's end: per depth pair, per column, its two
+        // values (zero past `depth`); the second panel is the first's columns negated.
+        let panel_stride = pairs * PANEL_COLUMNS + 5;
+        let mut weights = vec![0u32; 2 * panel_stride];
+        for d in 0..depth {
+            for c in 0..PANEL_COLUMNS {
+                let value = w[d * PANEL_COLUMNS + c];
+                let at = (d / 2) * PANEL_COLUMNS + c;
+                weights[at] |= u32::from(to_bf16(value)) << (16 * (d % 2));
+                weights[panel_stride + at] |= u32::from(to_bf16(-value)) << (16 * (d % 2));
+            }
+        }
+        let row_values = |r: usize| &x[r * depth..(r + 1) * depth];
+        for kernel in kernels {
+            // The rows as one tile, the words of rows past `rows` left as they were.
+            let mut tile = vec![u32::MAX; pairs * MAX_ROWS];
+            for r in 0..rows {
+                kernel.pair_words(row_values(r), &mut tile[r..], MAX_ROWS);
+            }
+            let stride = 2 * PANEL_COLUMNS + 3;
+            let mut out = vec![f32::NAN; (rows - 1) * stride + 2 * PANEL_COLUMNS];
+            kernel.run(RowsProduct {
+                tile: &tile,
+                rows,
+                pairs,
+                panels: 2,
+                panel_stride,
+                weights: &weights,
+                out: &mut out,
+                stride,
+            });
+            for r in 0..rows {
+                for c in 0..PANEL_COLUMNS {
+                    assert_eq!(
+                        out[r * stride + PANEL_COLUMNS + c].to_bits(),
+                        (-out[r * stride + c]).to_bits(),
+                        "{rows}x{depth} row {r} column {c}: the negated panel"
+                    );
+                    let (mut want, mut size) = (0f64, 0f64);
+                    for d in 0..depth {
+                        let term = f64::from(from_bf16(to_bf16(row_values(r)[d])))
+                            * f64::from(from_bf16(to_bf16(w[d * PANEL_COLUMNS + c])));
+                        want += term;
+                        size += term.abs();
+                    }
+                    let got = f64::from(out[r * stride + c]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size.max(1e-6),
+                        "{rows}x{depth} row {r} column {c}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Interleaved words (two rows' values as the halves of each word): the kernel's equal the
+/// portable ones bit for bit, ties, NaN, infinities and a `high` shorter than `low` included.
+#[test]
+fn interleaved_words_equal_the_portable_ones() {
+    let (simd, portable) = (RowsKernel::detect(), RowsKernel::portable());
+    let mut low = values(40, 5);
+    low[..5].copy_from_slice(&[1.0 + 1.0 / 256.0, f32::NAN, f32::INFINITY, -0.0, f32::MAX]);
+    let high = values(40, 6);
+    for (len, high_len) in [(40, 40), (40, 21), (17, 0), (16, 16), (1, 1), (0, 0)] {
+        let mut words = [vec![7u32; 41], vec![7u32; 41]];
+        for (kernel, words) in [simd, portable].into_iter().zip(&mut words) {
+            kernel.interleaved_words(&low[..len], &high[..high_len], words);
+        }
+        assert_eq!(words[0], words[1], "{len} values, {high_len} high ones");
+        assert!(words[0][len..].iter().all(|&w| w == 7), "words past {len} untouched");
+        for c in 0..len {
+            let high = if c < high_len { to_bf16(high[c]) } else { 0 };
+            assert_eq!(words[1][c] >> 16, u32::from(high), "{len}: the high half of word {c}");
+        }
+    }
+}

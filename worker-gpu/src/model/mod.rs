@@ -187,8 +187,9 @@ impl LayaModel {
 
     /// Switches the matrix products of the encoder and of the decision head's layers to bf16
     /// weights and activations with the AVX512_BF16 kernel (`dtype = "bf16"` on a CPU that has it):
-    /// the packed float32 weights are rounded to bf16 and dropped. Embeddings, norms, attention, the
-    /// scorer and the act head stay float32 (as with int8). CPU models packed for AVX-512 only.
+    /// the packed float32 weights are rounded to bf16 and dropped; the encoder's attention multiplies
+    /// in bf16 too. Embeddings, norms, the softmax, the decision head's attention, the scorer and
+    /// the act head stay float32. CPU models packed for AVX-512 only.
     pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() || !layad_cpu_kernels::bf16::available() {
             candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")

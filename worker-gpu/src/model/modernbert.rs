@@ -7,6 +7,7 @@
 use candle_core::{DType, Device, Tensor};
 use laya::config::{EncoderConfig, LayerType};
 use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::bf16::RowsKernel;
 use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
@@ -74,6 +75,8 @@ pub(crate) struct Encoder {
     intermediate: usize,
     /// SIMD family of the CPU kernels (set when the weights are packed).
     kernels: CpuKernels,
+    /// The attention's products in bf16 on this kernel (set when the matrices are rounded to bf16).
+    attention_bf16: Option<RowsKernel>,
 }
 
 impl Encoder {
@@ -140,6 +143,7 @@ impl Encoder {
             head_dim,
             intermediate: inter,
             kernels: CpuKernels::Gemm,
+            attention_bf16: None,
         })
     }
 
@@ -172,11 +176,14 @@ impl Encoder {
         Ok(())
     }
 
-    /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel.
+    /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel, and
+    /// runs the attention's products in bf16 too (rows multiplied where they lie, on the same
+    /// instruction).
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
         }
+        self.attention_bf16 = Some(RowsKernel::detect());
         Ok(())
     }
 
@@ -276,6 +283,7 @@ impl Encoder {
                         _ => None,
                     },
                     kernels: self.kernels,
+                    bf16: self.attention_bf16,
                 };
                 qkv.contiguous()?.apply_op1_no_bwd(&op)?
             }

@@ -10,8 +10,11 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape};
 use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::bf16::RowsKernel;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
+
+mod bf16;
 
 /// Rows of q (or of probabilities) one product computes: one generic tile serves both x86-64
 /// families here, so AVX2's 16 registers set it (12 accumulators; the weight products' AVX-512
@@ -33,6 +36,8 @@ pub(crate) struct AttentionOp<'a> {
     pub(crate) half_window: Option<usize>,
     /// The micro-kernel family (not `Gemm`).
     pub(crate) kernels: CpuKernels,
+    /// Products in bf16 on this kernel (a bf16 pool: `bf16.rs`); `None`: in f32.
+    pub(crate) bf16: Option<RowsKernel>,
 }
 
 impl CustomOp1 for AttentionOp<'_> {
@@ -154,12 +159,14 @@ struct HeadScratch {
     rotated: Vec<f32>,
     scores: Vec<f32>,
     out: Vec<f32>,
+    /// The bf16 head's operands as pair words (`bf16.rs`).
+    words: bf16::Words,
 }
 
 /// The first `len` values of `buffer`, grown (with zeros) when it holds fewer.
-fn first_values(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+fn first_values<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) -> &mut [T] {
     if buffer.len() < len {
-        buffer.resize(len, 0.0);
+        buffer.resize(len, T::default());
     }
     &mut buffer[..len]
 }
@@ -184,8 +191,14 @@ impl WithSimd for HeadTask<'_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        self.op
-            .head(simd, self.qkv, self.row, self.head, self.scratch, self.out);
+        match self.op.bf16 {
+            Some(kernel) => self
+                .op
+                .head_bf16(simd, kernel, self.qkv, self.row, self.head, self.scratch, self.out),
+            None => self
+                .op
+                .head(simd, self.qkv, self.row, self.head, self.scratch, self.out),
+        }
     }
 }
 
@@ -220,6 +233,7 @@ impl AttentionOp<'_> {
             rotated,
             scores,
             out,
+            words: _,
         } = scratch;
         let q = first_values(q, n * hd);
         let keys = first_values(keys, key_panels * hd * nr);
@@ -241,11 +255,7 @@ impl AttentionOp<'_> {
         }
         for first in (0..n).step_by(MR) {
             let rows = MR.min(n - first);
-            // Keys any row of the tile may see.
-            let (lo, hi) = match self.half_window {
-                Some(w) => (first.saturating_sub(w), (first + rows + w).min(n)),
-                None => (0, n),
-            };
+            let (lo, hi) = self.tile_keys(first, rows, n);
             for panel in lo / nr..hi.div_ceil(nr) {
                 let product = RowsProduct {
                     x: &q[first * hd..],
@@ -260,10 +270,7 @@ impl AttentionOp<'_> {
             // Softmax over each row's own keys; zero elsewhere inside the tile's key range.
             for r in 0..rows {
                 let i = first + r;
-                let (from, to) = match self.half_window {
-                    Some(w) => (i.saturating_sub(w), (i + w + 1).min(n)),
-                    None => (0, n),
-                };
+                let (from, to) = self.row_keys(i, n);
                 let line = &mut scores[r * padded..(r + 1) * padded];
                 softmax(simd, &mut line[from..to]);
                 line[lo..from].fill(0.0);
@@ -282,8 +289,32 @@ impl AttentionOp<'_> {
                 product.run(simd, rows, nr);
             }
         }
+        self.write_head(target, row, head, out, value_panels * nr);
+    }
+
+    /// Keys any row of the tile of `rows` queries from `first` may see, of a row's `n`.
+    fn tile_keys(&self, first: usize, rows: usize, n: usize) -> (usize, usize) {
+        match self.half_window {
+            Some(w) => (first.saturating_sub(w), (first + rows + w).min(n)),
+            None => (0, n),
+        }
+    }
+
+    /// Keys query `i` sees, of a row's `n`.
+    fn row_keys(&self, i: usize, n: usize) -> (usize, usize) {
+        match self.half_window {
+            Some(w) => (i.saturating_sub(w), (i + w + 1).min(n)),
+            None => (0, n),
+        }
+    }
+
+    /// One head's attended values of `row` into `target`: position `t < n` from `out[t·stride..]`
+    /// (`head_dim` values), zeros past the row's length `n`.
+    fn write_head(&self, target: &HeadOutputs, row: usize, head: usize, out: &[f32], stride: usize) {
+        let (hd, n) = (self.head_dim, self.lengths[row]);
+        let d = self.heads * hd;
         for t in 0..self.len {
-            let values = (t < n).then(|| &out[t * value_panels * nr..t * value_panels * nr + hd]);
+            let values = (t < n).then(|| &out[t * stride..t * stride + hd]);
             // SAFETY: the `hd` columns from `head · hd` of position `t` of `row` are this task's
             // alone (one task per (row, head)).
             #[allow(unsafe_code)]
@@ -392,10 +423,24 @@ impl<const R: usize> WithSimd for RowsTile<'_, R> {
     }
 }
 
-/// `line` replaced by its softmax: exponentials of the differences to the maximum on SIMD lanes
-/// ([`exp_simd`]; the row's tail on masked lanes), their sum over lanes.
+/// `line` replaced by its softmax: [`exponentials`], divided by their sum.
 #[inline(always)]
 fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
+    let sum = exponentials(simd, line);
+    let (body, tail) = S::as_mut_simd_f32s(line);
+    let inv = simd.splat_f32s(1.0 / sum);
+    for v in body.iter_mut() {
+        *v = simd.mul_f32s(*v, inv);
+    }
+    for v in tail.iter_mut() {
+        *v *= 1.0 / sum;
+    }
+}
+
+/// `line` replaced by the exponentials of its differences to its maximum, on SIMD lanes
+/// ([`exp_simd`]; the row's tail on masked lanes); returns their sum (over lanes).
+#[inline(always)]
+fn exponentials<S: Simd>(simd: S, line: &mut [f32]) -> f32 {
     let (body, tail) = S::as_mut_simd_f32s(line);
     let mut lanes = simd.splat_f32s(f32::NEG_INFINITY);
     for &v in body.iter() {
@@ -418,13 +463,7 @@ fn softmax<S: Simd>(simd: S, line: &mut [f32]) {
             sum += v;
         }
     }
-    let inv = simd.splat_f32s(1.0 / sum);
-    for v in body.iter_mut() {
-        *v = simd.mul_f32s(*v, inv);
-    }
-    for v in tail.iter_mut() {
-        *v *= 1.0 / sum;
-    }
+    sum
 }
 
 /// Below this, `exp` is under f32's smallest normal number; inputs are raised to it.
@@ -470,201 +509,4 @@ fn exp_simd<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed;
-        (0..len)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
-            .collect()
-    }
-
-    struct ExpLanes<'a>(&'a mut [f32]);
-
-    impl WithSimd for ExpLanes<'_> {
-        type Output = ();
-
-        #[inline(always)]
-        fn with_simd<S: Simd>(self, simd: S) {
-            let (body, tail) = S::as_mut_simd_f32s(self.0);
-            assert!(tail.is_empty(), "whole lanes only");
-            for v in body {
-                *v = exp_simd(simd, *v);
-            }
-        }
-    }
-
-    #[test]
-    fn simd_exp_follows_libm_on_every_family() {
-        // Every 1/1024 from −100 (below the smallest normal result) to +20, lane-aligned.
-        let inputs: Vec<f32> = (-102_400..20_480 + 32).map(|i| i as f32 / 1024.0).collect();
-        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
-            if !kernels.available() {
-                continue;
-            }
-            let mut out = inputs.clone();
-            let whole = out.len() - out.len() % 16;
-            kernels.dispatch(ExpLanes(&mut out[..whole]));
-            let mut worst = 0f64;
-            for (&x, &y) in inputs.iter().zip(&out[..whole]) {
-                let exact = f64::from(x.max(EXP_LOWEST)).exp();
-                worst = worst.max((f64::from(y) - exact).abs() / exact);
-            }
-            assert!(worst < 4e-7, "{kernels}: relative error {worst}");
-        }
-    }
-
-    struct RowsRun<'a>(RowsProduct<'a>, usize);
-
-    impl WithSimd for RowsRun<'_> {
-        type Output = ();
-
-        #[inline(always)]
-        fn with_simd<S: Simd>(self, simd: S) {
-            self.0.run(simd, self.1, 2 * S::F32_LANES);
-        }
-    }
-
-    #[test]
-    fn the_in_place_rows_tile_equals_its_portable_loop() {
-        // Rows 9 apart over a depth of 7, every row count up to MR, both families' panel widths.
-        let x = values(9 * MR, 3);
-        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
-            if !kernels.available() {
-                continue;
-            }
-            let nr = kernels.panel_width();
-            let panel = values(7 * nr, 4);
-            for rows in 1..=MR {
-                fn product<'a>(x: &'a [f32], panel: &'a [f32], out: &'a mut [f32], nr: usize) -> RowsProduct<'a> {
-                    RowsProduct {
-                        x,
-                        x_stride: 9,
-                        depth: 7,
-                        panel,
-                        out,
-                        stride: nr + 3,
-                    }
-                }
-                let (mut simd, mut portable) = (vec![1f32; MR * (nr + 3)], vec![1f32; MR * (nr + 3)]);
-                kernels.dispatch(RowsRun(product(&x, &panel, &mut simd, nr), rows));
-                product(&x, &panel, &mut portable, nr).scalar(rows, nr);
-                assert!(
-                    simd.iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{kernels} rows {rows}"
-                );
-                assert!(
-                    simd[rows * (nr + 3)..].iter().all(|&v| v == 1.0),
-                    "rows past {rows} untouched"
-                );
-            }
-        }
-    }
-
-    /// Plain attention in f64 for one row: RoPE, scores over the visible keys, softmax, values.
-    fn reference(op: &AttentionOp<'_>, qkv: &[f32], row: usize) -> Vec<f32> {
-        let (hd, d, n) = (op.head_dim, op.heads * op.head_dim, op.lengths[row]);
-        let half = hd / 2;
-        let rope = |x: &[f32], t: usize| -> Vec<f64> {
-            let mut out = vec![0f64; hd];
-            for j in 0..half {
-                let (c, s) = (f64::from(op.cos[t * half + j]), f64::from(op.sin[t * half + j]));
-                out[j] = f64::from(x[j]) * c - f64::from(x[j + half]) * s;
-                out[j + half] = f64::from(x[j + half]) * c + f64::from(x[j]) * s;
-            }
-            out
-        };
-        let mut out = vec![0f32; op.len * d];
-        for h in 0..op.heads {
-            let at = |t: usize, part: usize| (row * op.len + t) * 3 * d + part * d + h * hd;
-            for i in 0..n {
-                let q = rope(&qkv[at(i, 0)..at(i, 0) + hd], i);
-                let visible: Vec<usize> = (0..n)
-                    .filter(|&j| op.half_window.is_none_or(|w| i.abs_diff(j) <= w))
-                    .collect();
-                let scores: Vec<f64> = visible
-                    .iter()
-                    .map(|&j| {
-                        let k = rope(&qkv[at(j, 1)..at(j, 1) + hd], j);
-                        q.iter().zip(&k).map(|(a, b)| a * b).sum()
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                for dim in 0..hd {
-                    let v: f64 = visible
-                        .iter()
-                        .zip(&weights)
-                        .map(|(&j, w)| w * f64::from(qkv[at(j, 2) + dim]))
-                        .sum();
-                    out[i * d + h * hd + dim] = (v / total) as f32;
-                }
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
-        let (heads, head_dim, len) = (3, 40, 45);
-        let d = heads * head_dim;
-        let half = head_dim / 2;
-        let angles: Vec<f32> = (0..len * half)
-            .map(|i| (i / half) as f32 * 0.1 / (1 + i % half) as f32)
-            .collect();
-        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
-        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-        // Lengths: a full row, padded rows of one key and of a tile and a half, one longer than a panel.
-        let lengths = [45, 1, 9, 37];
-        let qkv = values(lengths.len() * len * 3 * d, 7);
-        for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
-            if !kernels.available() {
-                continue;
-            }
-            for half_window in [None, Some(4), Some(20)] {
-                let op = AttentionOp {
-                    lengths: &lengths,
-                    len,
-                    heads,
-                    head_dim,
-                    cos: &cos,
-                    sin: &sin,
-                    half_window,
-                    kernels,
-                };
-                let layout = Layout::contiguous((lengths.len() * len, 3 * d));
-                // The same input with no padding first: its output (no zeros) freed, the next one of
-                // the same size most likely gets that memory back, so a padded position the op
-                // failed to write would show a value.
-                let full = [len; 4];
-                drop(AttentionOp { lengths: &full, ..op }.cpu_fwd(&CpuStorage::F32(qkv.clone()), &layout)?);
-                let (CpuStorage::F32(out), shape) = op.cpu_fwd(&CpuStorage::F32(qkv.clone()), &layout)? else {
-                    panic!("attention returned another dtype")
-                };
-                assert_eq!(shape.dims(), [lengths.len() * len, d]);
-                for (row, &n) in lengths.iter().enumerate() {
-                    let expected = reference(&op, &qkv, row);
-                    let got = &out[row * len * d..(row + 1) * len * d];
-                    let worst = got
-                        .iter()
-                        .zip(&expected)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max);
-                    assert!(
-                        worst < 2e-5,
-                        "{kernels} window {half_window:?} row {row} (length {n}): {worst}"
-                    );
-                    assert!(got[n * d..].iter().all(|&v| v == 0.0), "padded positions are zero");
-                }
-            }
-        }
-        Ok(())
-    }
-}
+mod tests;
