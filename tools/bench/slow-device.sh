@@ -26,7 +26,10 @@
 #   flock -x /work/cpu.lock tools/bench/slow-device.sh
 # Knobs (environment): CASES, SEEDS, RATE, RUN_SECONDS, SLOW_FROM, SLOW_FOR, DUTY, PERIOD_MS,
 # HOG_CPU, LAYAD (the supervisor binary, e.g. another build's, run with this build's workers; its
-# results get LABEL_SUFFIX), LABEL_SUFFIX, PORT, CHECKPOINT, SKIP_BUILD=1, BIN, OUT.
+# results get LABEL_SUFFIX), LABEL_SUFFIX, PORT, CHECKPOINT, SKIP_BUILD=1, BIN, WORKER_BIN (the
+# workers' directory; default BIN), SLOW_CONFIG (the slow case's configuration, pools `a` and `b`;
+# default config/examples/bench-slow-device.toml: tools/device/cuda-check.sh puts `a` on the GPU),
+# OUT.
 # Results: $OUT/<case>-<config>-s<seed>.json (layad-load), throttle-*.json, windows-*.md/.json,
 # hog.md, runs.log (commit, time, load average per run).
 set -euo pipefail
@@ -44,6 +47,8 @@ HOG_CPU=${HOG_CPU:-0}
 PORT=${PORT:-18660}
 CHECKPOINT=${CHECKPOINT:-}
 BIN=${BIN:-target/release}
+WORKER_BIN=${WORKER_BIN:-$BIN}
+SLOW_CONFIG=${SLOW_CONFIG:-config/examples/bench-slow-device.toml}
 LAYAD=${LAYAD:-$BIN/layad}
 LABEL_SUFFIX=${LABEL_SUFFIX:-}
 OUT=${OUT:-target/bench/slow-device}
@@ -93,15 +98,16 @@ stop_all() {
 }
 trap stop_all EXIT
 
-start_server() { # config name
-    HF_HOME=$HF HF_HUB_OFFLINE=1 LAYAD_WORKERS__SOCKET_DIR=$OUT/sockets LAYAD_WORKERS__BINARY_DIR=$BIN \
-        "$LAYAD" serve --config "config/examples/bench-$1.toml" --listen "127.0.0.1:$PORT" \
-        > "$OUT/layad-$1$LABEL_SUFFIX.log" 2>&1 &
+start_server() { # configuration file
+    local log
+    log=$OUT/layad-$(basename "$1" .toml)$LABEL_SUFFIX.log
+    HF_HOME=$HF HF_HUB_OFFLINE=1 LAYAD_WORKERS__SOCKET_DIR=$OUT/sockets LAYAD_WORKERS__BINARY_DIR=$WORKER_BIN \
+        "$LAYAD" serve --config "$1" --listen "127.0.0.1:$PORT" > "$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 600); do
         if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            echo "layad exited before it was ready; see $OUT/layad-$1$LABEL_SUFFIX.log" >&2
-            tail -20 "$OUT/layad-$1$LABEL_SUFFIX.log" >&2
+            echo "layad exited before it was ready; see $log" >&2
+            tail -20 "$log" >&2
             exit 1
         fi
         if curl -sf "$URL/health" | grep -q '"status":"ok"'; then
@@ -140,7 +146,7 @@ for seed in $SEEDS; do
             slow)
                 name=slow-s$seed$LABEL_SUFFIX
                 echo "== $name" >&2
-                start_server slow-device
+                start_server "$SLOW_CONFIG"
                 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
                 load_run "$name" "$seed" "slow device, spill$LABEL_SUFFIX"
                 python3 "$TOOL" throttle --pid "$(worker_pid a)" --after "$SLOW_FROM" --for "$SLOW_FOR" \
@@ -155,7 +161,7 @@ for seed in $SEEDS; do
             one)
                 name=one-s$seed$LABEL_SUFFIX
                 echo "== $name" >&2
-                start_server slow-device-one
+                start_server config/examples/bench-slow-device-one.toml
                 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
                 load_run "$name" "$seed" "one device (b alone), nothing slowed$LABEL_SUFFIX"
                 wait "$LOAD_PID"
@@ -170,7 +176,7 @@ for seed in $SEEDS; do
                     [ "$run" = nospill ] && config=slow-device-nospill
                     name=hog-$run-s$seed$LABEL_SUFFIX
                     echo "== $name" >&2
-                    start_server "$config"
+                    start_server "config/examples/bench-$config.toml"
                     taskset -a -p -c "$HOG_CPU" "$(worker_pid a)" > /dev/null
                     taskset -a -p -c "$((1 - HOG_CPU))" "$(worker_pid b)" > /dev/null
                     load_before=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -33,7 +33,13 @@
 #   4 spill: the device pool alone, then beside a CPU pool with spill on, under the same bursty
 #     open-loop load (layad-load) at LOAD_FRACTION of the device pool's closed-loop capacity:
 #     0 errors, P99 of short and long requests for both.
-#   5 report: OUTDIR/summary.json and OUTDIR/table.md (tools/device/cuda_report.py).
+#   5 slow: issue 40's slowed device with the device as the device that slows: pool `a` (short
+#     single questions only) on the device, pool `b` on the CPU, spill on; open-loop short requests
+#     while `a`'s worker runs only a quarter of every 20 ms for a while (SIGSTOP/SIGCONT: on a GPU
+#     its host thread stalls, so the device idles), then per 3-second window P50, P99 and where the
+#     requests went, and the verdicts over the slow windows (tools/bench/slow-device.sh, CASES=slow;
+#     OUTDIR/slow-device/). Reported, not judged: the ratios depend on the machine; errors fail it.
+#   6 report: OUTDIR/summary.json and OUTDIR/table.md (tools/device/cuda_report.py).
 #
 # Environment: BIN (every binary: layad, layad-http-bench, layad-load, layad-worker-gpu, layad-bench,
 # layad-device-check; default target/device-bin, unpacked from CARRY/layad-bins.tar.xz, when that is
@@ -92,6 +98,10 @@ if [[ $cpu == 1 ]]; then
     pairs=5
     capacity_seconds=5
     run_seconds=12
+    slow_rate=8
+    slow_seconds=15
+    slow_from=5
+    slow_for=5
     upstream_device=cpu
 else
     device=${DEVICE:-cuda:0}
@@ -107,6 +117,10 @@ else
     pairs=20
     capacity_seconds=10
     run_seconds=30
+    slow_rate=20
+    slow_seconds=36
+    slow_from=12
+    slow_for=12
     upstream_device=cuda
 fi
 
@@ -315,7 +329,24 @@ else
     failed+=(spill)
 fi
 
-# 5: one summary and one table.
+# 5: pool `a` on the device slowed to a quarter of its speed for a while, pool `b` on the CPU beside it.
+slow_device() {
+    local pools
+    pools=$(printf '[[pool]]\nname = "a"\ndevice = "%s"\nworkers = 1\nthreads = %s\ndtype = "%s"\nmax_questions = 1\nmax_tokens = 128\nbuckets = []\nbatch_wait = "0ms"\ncheckpoints = ["english"]\n\n[[pool]]\nname = "b"\ndevice = "cpu"\nworkers = 1\nthreads = %s\ndtype = "f32"\nbatch_wait = "0ms"\ncheckpoints = ["english"]\n' \
+        "$device" "$dev_threads" "$served_dtype" "$cpu_threads")
+    printf '[server]\nrequest_timeout = "60s"\ndiagnostics = true\n\n[compat]\ndefault_checkpoint = "english"\n\n[checkpoints]\nmultilingual = "off"\ntyped-decisions = "off"\n\n[workers]\nstartup_timeout = "900s"\n\n%s\n[scheduling]\nspill = true\n' \
+        "$pools" >"$out/slow-device.toml"
+    CASES=slow SEEDS=1 SKIP_BUILD=1 BIN="$BIN" WORKER_BIN="$DEV_BIN" CHECKPOINT="$checkpoint" \
+        SLOW_CONFIG="$out/slow-device.toml" OUT="$out/slow-device" PORT=$((PORT + 1)) RATE=$slow_rate \
+        RUN_SECONDS=$slow_seconds SLOW_FROM=$slow_from SLOW_FOR=$slow_for tools/bench/slow-device.sh
+}
+if [[ -n "$checkpoint" ]]; then
+    step slow slow_device
+else
+    failed+=(slow)
+fi
+
+# 6: one summary and one table.
 step report python3 tools/device/cuda_report.py "$out" "$([[ $cpu == 1 ]] && echo cpu || echo gpu)" "$device"
 cat "$out/table.md" 2>/dev/null || true
 echo "cuda-check: $(($(date +%s) - started)) s; results in $out" >&2

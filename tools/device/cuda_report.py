@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Step 5 of tools/device/cuda-check.sh: reads the JSON every earlier step wrote into OUTDIR and
+"""Step 6 of tools/device/cuda-check.sh: reads the JSON every earlier step wrote into OUTDIR and
 writes OUTDIR/summary.json (the numbers that matter, with where they came from) and OUTDIR/table.md
 (one markdown table). Standard library only: it runs on the H200 machine without installing anything.
 
     python3 tools/device/cuda_report.py OUTDIR MODE DEVICE     (MODE: cpu or gpu)
 
 Exits 1 when a step's numbers fail its rule: f32 goldens beyond 1e-4, a half precision refused or
-beyond the gate, any error in the served or spill runs.
+beyond the gate, any error in the served, spill or slow-device runs.
 """
 
 import json
@@ -141,6 +141,21 @@ def main():
         if errors:
             problems.append(f"spill: {errors} errors ({config})")
     summary["spill"] = spill
+
+    slow = load(out, os.path.join("slow-device", "windows-slow-s1.json"))
+    if slow is None:
+        problems.append("slow: no slow-device/windows-slow-s1.json")
+    else:
+        v = slow.get("verdict", {})
+        summary["slow"] = v
+        rows.append(
+            ("5 slow", "pool a on the device at a quarter of its speed, pool b on the CPU, spill on",
+             f"slow/normal median P50 {fmt(v.get('p50_ratio'), '.2f')}×, worst P99 {fmt(v.get('p99_ratio'), '.2f')}× "
+             f"({fmt(v.get('slow_worst_p99_ms'), '.1f')} / {fmt(v.get('normal_median_p99_ms'), '.1f')} ms); "
+             f"{v.get('errors')} errors; back on a {fmt(v.get('back_on_a_after_s'), '.2f')} s after")
+        )
+        if v.get("errors"):
+            problems.append(f"slow: {v.get('errors')} errors")
 
     summary["problems"] = problems
     summary["passed"] = not problems
