@@ -25,7 +25,8 @@
 //!   combine; AMX's `tdpbusd` through [`amx`].
 //! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
 //!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
-//!   `tdpbf16ps` through [`amx`].
+//!   `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
+//!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool).
 //! - [`amx`]: Intel AMX (Sapphire Rapids and later Xeons): the CPU's tile permission and why it was
 //!   refused ([`amx::Amx::detect`]), and one driver (`amx/tiles.rs`) that multiplies row-major
 //!   activation words by packed 32-column weight panels on the tile registers, for two formats

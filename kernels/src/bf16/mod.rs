@@ -10,8 +10,8 @@
 //! attention's q·kᵀ and p·v): embeddings, norms, the softmax, the scorer and the act head stay f32.
 //! Served only behind the parity gate against the f32 forward (`gate.rs`).
 //!
-//! The attention of a bf16 pool multiplies its rows the same way ([`RowsProduct`], `rows.rs`): rows
-//! read where they lie instead of packed, against one panel the attention lays out per head.
+//! The attention of a bf16 pool multiplies on the same tile ([`RowsProduct`], `rows.rs`): its rows
+//! laid out as the activations here, its keys and values as panels the attention builds per head.
 //!
 //! With AMX (the `amx` kernel family) the same panels run on the tile registers instead
 //! (`tdpbf16ps`, `crate::amx`): the depth padded to whole tiles of 16 pairs, the

@@ -1,12 +1,13 @@
-//! bf16 products of a few rows read where they lie, for products that are not by a constant
-//! weight: the attention's q·kᵀ and p·v in a bf16 pool. The caller lays its right-hand side out as
-//! panels of [`PANEL_COLUMNS`] columns, as pair words per depth pair and column (the weights'
-//! panels' layout, one word where those hold two bf16), and its rows as pair words in tiles of
-//! [`MAX_ROWS`] rows ([`RowsKernel::pack_row`], the activations' layout); the products run on the
-//! weight products' `vdpbf16ps` tile where the CPU has AVX512_BF16, in portable code elsewhere.
-//! (The rows read in place, through a tile generic over where its words come from, cost the weight
-//! products' tile its broadcasts from memory: it gathered each pair's words into a register and
-//! shuffled them out.)
+//! bf16 products of a few rows by a right-hand side that is not a constant weight: the attention's
+//! q·kᵀ and p·v in a bf16 pool. The caller lays its right-hand side out as panels of
+//! [`PANEL_COLUMNS`] columns of pair words, per depth pair and column (the weights' panels' layout,
+//! one word where those hold two bf16), and its rows as pair words in a tile of [`MAX_ROWS`] rows
+//! (the activations' layout), both through [`RowsKernel::pair_words`]; the products run on the
+//! weight products' `vdpbf16ps` tile where the CPU has AVX512_BF16, in portable code elsewhere (the
+//! weights' portable tile reads two u16 per column, this one a word). The rows were first read in
+//! place, through a tile generic over where its words come from; that cost the weight products'
+//! tile its broadcasts from memory (it gathered each pair's words into a register and shuffled them
+//! out), so the rows are laid out as the weights' activations are.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;

@@ -1,5 +1,7 @@
-//! One encoder layer's attention on the CPU in float32 as a single op: the fused q/k/v projection
-//! in, RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out.
+//! One encoder layer's attention on the CPU as a single op: the fused q/k/v projection in (f32),
+//! RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out. The
+//! products run in f32 here, or in bf16 in a bf16 pool (`bf16.rs`); `tests.rs` checks both against
+//! plain attention in f64.
 //!
 //! Each (row, head) is one task on the rayon pool, with a micro-kernel like the f32 matmul's
 //! (`layad_cpu_kernels::f32`) that reads its rows in place for q·kᵀ and p·v; a sliding-window layer

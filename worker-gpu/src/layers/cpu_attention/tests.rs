@@ -199,7 +199,6 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
                         .zip(&expected)
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
-                    eprintln!("{kernels} {bf16:?} window {half_window:?} row {row}: {worst}");
                     assert!(
                         worst < bound,
                         "{kernels} bf16 {bf16:?} window {half_window:?} row {row} (length {n}): {worst}"
