@@ -27,14 +27,14 @@ impl Bf16Dp {
     }
 
     /// One row's depth-pair words into `dst[0]`, `dst[step]`, `dst[2·step]`, … (as
-    /// [`super::pair_word`], but subnormal values flush to zero).
+    /// [`super::words::pair_word`], but subnormal values flush to zero).
     pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32], step: usize) {
         // SAFETY: as in `tile`.
         unsafe { pack_row(row, dst, step) }
     }
 
     /// `words[c] = bf16(low[c]) | bf16(high[c]) << 16` for every `c < low.len()` (as
-    /// [`super::pair_word`] of the two, but subnormal values flush to zero); `high` past its end
+    /// [`super::words::pair_word`] of the two, but subnormal values flush to zero); `high` past its end
     /// reads as zeros.
     pub(super) fn interleave(self, low: &[f32], high: &[f32], words: &mut [u32]) {
         // SAFETY: as in `tile`.

@@ -12,7 +12,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use super::tile::{MR, NR};
-use super::{from_bf16, pair_word};
+use super::words::{from_bf16, pair_word};
 
 /// Columns of one panel: two AVX-512 registers of f32 sums.
 pub const PANEL_COLUMNS: usize = NR;

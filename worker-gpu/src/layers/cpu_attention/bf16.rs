@@ -15,15 +15,6 @@ use pulp::Simd;
 
 use super::{AttentionOp, HeadOutputs, HeadScratch, exponentials, first_values};
 
-/// The bf16 head's pair words, per pool thread (with the f32 buffers of [`HeadScratch`]).
-#[derive(Default)]
-pub(super) struct Words {
-    q: Vec<u32>,
-    keys: Vec<u32>,
-    values: Vec<u32>,
-    probabilities: Vec<u32>,
-}
-
 impl AttentionOp<'_> {
     /// As [`AttentionOp::head`], with the products in bf16 on `kernel`.
     #[inline(always)]

@@ -162,7 +162,16 @@ struct HeadScratch {
     scores: Vec<f32>,
     out: Vec<f32>,
     /// The bf16 head's operands as pair words (`bf16.rs`).
-    words: bf16::Words,
+    words: Words,
+}
+
+/// The bf16 head's pair words, per pool thread (with the f32 buffers of [`HeadScratch`]).
+#[derive(Default)]
+struct Words {
+    q: Vec<u32>,
+    keys: Vec<u32>,
+    values: Vec<u32>,
+    probabilities: Vec<u32>,
 }
 
 /// The first `len` values of `buffer`, grown (with zeros) when it holds fewer.
