@@ -13,22 +13,13 @@
 use layad_cpu_kernels::bf16::{MAX_ROWS, PANEL_COLUMNS, RowsKernel, RowsProduct};
 use pulp::Simd;
 
-use super::{AttentionOp, HeadOutputs, HeadScratch, exponentials, first_values};
+use super::{AttentionOp, HeadScratch, HeadTask, exponentials, first_values};
 
 impl AttentionOp<'_> {
     /// As [`AttentionOp::head`], with the products in bf16 on `kernel`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn head_bf16<S: Simd>(
-        &self,
-        simd: S,
-        kernel: RowsKernel,
-        qkv: &[f32],
-        row: usize,
-        head: usize,
-        scratch: &mut HeadScratch,
-        target: &HeadOutputs,
-    ) {
+    pub(super) fn head_bf16<S: Simd>(&self, simd: S, kernel: RowsKernel, task: HeadTask<'_>) {
+        let (qkv, row, head, scratch, target) = (task.qkv, task.row, task.head, task.scratch, task.out);
         let (hd, n) = (self.head_dim, self.lengths[row]);
         let d = self.heads * hd;
         let nr = PANEL_COLUMNS;

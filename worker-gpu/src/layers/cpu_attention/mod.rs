@@ -202,31 +202,21 @@ impl WithSimd for HeadTask<'_> {
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        match self.op.bf16 {
-            Some(kernel) => self
-                .op
-                .head_bf16(simd, kernel, self.qkv, self.row, self.head, self.scratch, self.out),
-            None => self
-                .op
-                .head(simd, self.qkv, self.row, self.head, self.scratch, self.out),
+        let op = self.op;
+        match op.bf16 {
+            Some(kernel) => op.head_bf16(simd, kernel, self),
+            None => op.head(simd, self),
         }
     }
 }
 
 impl AttentionOp<'_> {
-    /// The attended values of one head of one row into `target` (positions past the row's length
-    /// `n`: zeros). Serial: the op's parallelism is across (row, head) tasks, so nothing here forks
-    /// on the pool (and `scratch`, this thread's, is not borrowed twice).
+    /// The attended values of the task's head of its row into its output (positions past the row's
+    /// length `n`: zeros). Serial: the op's parallelism is across (row, head) tasks, so nothing here
+    /// forks on the pool (and the task's scratch, this thread's, is not borrowed twice).
     #[inline(always)]
-    fn head<S: Simd>(
-        &self,
-        simd: S,
-        qkv: &[f32],
-        row: usize,
-        head: usize,
-        scratch: &mut HeadScratch,
-        target: &HeadOutputs,
-    ) {
+    fn head<S: Simd>(&self, simd: S, task: HeadTask<'_>) {
+        let (qkv, row, head, scratch, target) = (task.qkv, task.row, task.head, task.scratch, task.out);
         let (hd, n) = (self.head_dim, self.lengths[row]);
         let d = self.heads * hd;
         let nr = self.kernels.panel_width();
