@@ -9,6 +9,8 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use crate::geglu::{GROUP, GeGlu, groups_fit};
+
 /// Most column panels one parallel task computes.
 const MAX_PANELS_PER_TASK: usize = 8;
 
@@ -19,17 +21,40 @@ const MAX_PANELS_PER_TASK: usize = 8;
 /// blocks used to be copied in a second parallel pass over all of them, which read them back from
 /// memory (a 512-token product's blocks outgrew the reused buffers, so they were also a fresh
 /// zeroed allocation each time). An empty depth (`k = 0`) is the caller's: no pass would store.
+///
+/// With `geglu` (a weight whose columns are grouped for it, `geglu.rs`; no bias) the copy applies
+/// GeGLU to each block's group pairs instead: the output is `[m, n / 2]`.
 pub(crate) fn in_column_blocks(
     m: usize,
     n: usize,
     nr: usize,
     bias: Option<&[f32]>,
+    geglu: Option<GeGlu>,
     block: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
     assert!(
         bias.is_none_or(|b| b.len() >= n),
         "bias shorter than the output's {n} columns"
     );
+    if let Some(geglu) = geglu {
+        assert!(
+            bias.is_none() && groups_fit(n) && nr.is_multiple_of(2 * GROUP),
+            "GeGLU on {n} columns in panels of {nr}"
+        );
+        let apply = |first: usize, count: usize, columns: &mut ColumnRange<'_>| {
+            let stride = count * nr;
+            with_blocks(m * stride, |blocks| {
+                block(first, count, blocks);
+                for (row, src) in blocks.chunks_exact(stride).enumerate() {
+                    geglu.groups(src, columns.row(row));
+                }
+            });
+        };
+        // SAFETY: each task writes all `m` rows of its range: a range of whole panels is `stride /
+        // 2` wide (`n` is whole pairs of groups), and `GeGlu::groups` writes all of it.
+        #[allow(unsafe_code)]
+        return unsafe { in_column_ranges(m, n / 2, nr / 2, apply) };
+    }
     let copy_into_place = |first: usize, count: usize, columns: &mut ColumnRange<'_>| {
         let (start, stride) = (first * nr, count * nr);
         with_blocks(m * stride, |blocks| {

@@ -57,6 +57,7 @@ pub mod bf16;
 mod driver;
 pub mod f32;
 mod family;
+pub mod geglu;
 pub mod int8;
 
 pub use family::CpuKernels;

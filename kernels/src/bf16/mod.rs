@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use crate::CpuWeight;
 use crate::amx::{Bf16Tiles, TILE_ROWS, TILE_WORDS, TileProduct, row_stride};
 use crate::driver::{NextSlices, bias_rows, in_column_blocks};
+use crate::geglu::GeGlu;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -61,6 +62,8 @@ pub struct Bf16Weight {
     pairs: usize,
     panels: Vec<u16>,
     bias: Option<Vec<f32>>,
+    /// GeGLU applied as the products write (columns grouped for it, `crate::geglu`).
+    geglu: Option<GeGlu>,
 }
 
 impl Bf16Weight {
@@ -100,22 +103,46 @@ impl Bf16Weight {
             pairs,
             panels,
             bias,
+            geglu: None,
         }
     }
 
-    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    /// The same weight, its products followed by `geglu` when its columns are grouped for it.
+    pub(crate) fn with_geglu(self, geglu: Option<GeGlu>) -> Self {
+        Self { geglu, ..self }
+    }
+
+    /// Whether products apply GeGLU (made from a weight packed for it).
+    pub fn applies_geglu(&self) -> bool {
+        self.geglu.is_some()
+    }
+
+    /// Output columns: `n`, or half of them with GeGLU.
+    fn out_features(&self) -> usize {
+        if self.geglu.is_some() { self.n / 2 } else { self.n }
+    }
+
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major (with GeGLU: its
+    /// GeGLU, `[m, n / 2]`).
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_with(x, m, false)
     }
 
     fn matmul_with(&self, x: &[f32], m: usize, portable: bool) -> Vec<f32> {
         if m == 0 || self.n == 0 || self.k == 0 {
-            return bias_rows(self.bias.as_deref(), m, self.n);
+            return bias_rows(self.bias.as_deref(), m, self.out_features());
         }
         let packed_x = self.pack_rows(x, m, portable);
-        in_column_blocks(m, self.n, NR, self.bias.as_deref(), |first, count, block| {
-            self.block(&packed_x, m, first, count, block, portable);
-        })
+        in_column_blocks(
+            m,
+            self.n,
+            NR,
+            self.bias.as_deref(),
+            self.geglu,
+            |first, count, block| {
+                self.block(&packed_x, m, first, count, block, portable);
+            },
+        )
     }
 
     /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
@@ -243,7 +270,7 @@ impl CpuWeight for Bf16Weight {
     const NAME: &'static str = "laya-bf16-matmul";
 
     fn dims(&self) -> (usize, usize) {
-        (self.k, self.n)
+        (self.k, self.out_features())
     }
 
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {

@@ -12,6 +12,7 @@ use crate::CpuKernels;
 use crate::CpuWeight;
 use crate::bf16::Bf16Weight;
 use crate::driver::{NextSlices, bias_rows, in_column_blocks};
+use crate::geglu::{GROUP, GeGlu, grouped_column, groups_fit};
 use crate::int8::{Int8Kernel, QuantizedWeight};
 
 #[cfg(target_arch = "x86_64")]
@@ -38,6 +39,8 @@ pub struct PackedWeight {
     nr: usize,
     panels: Vec<f32>,
     bias: Option<Vec<f32>>,
+    /// Columns grouped for GeGLU (`crate::geglu`): products give `[m, n / 2]`, GeGLU applied.
+    geglu: bool,
 }
 
 impl PackedWeight {
@@ -65,6 +68,7 @@ impl PackedWeight {
             nr,
             panels,
             bias,
+            geglu: false,
         }
     }
 
@@ -80,6 +84,33 @@ impl PackedWeight {
         kernels: CpuKernels,
         scale: Option<(usize, usize, f64)>,
     ) -> Self {
+        Self::pack_columns(weight, k, n, bias, kernels, scale, false)
+    }
+
+    /// [`Self::pack_out_in`] for a GeGLU projection (`[2·I, k]`, no bias: the input half's columns,
+    /// then the gate half's), its columns grouped (`crate::geglu`) so that products apply GeGLU as
+    /// they write and give `[m, I]`; the int8 and bf16 weights made from it do too. `None` where
+    /// the panels cannot hold whole pairs of groups (the `avx2` family's 16-column panels, `I` not
+    /// a multiple of 16): the caller keeps a plain weight and its own GeGLU.
+    pub fn pack_out_in_geglu(weight: &[f32], k: usize, n: usize, kernels: CpuKernels) -> Option<Self> {
+        let fits = groups_fit(n) && kernels.panel_width().is_multiple_of(2 * GROUP);
+        fits.then(|| Self::pack_columns(weight, k, n, None, kernels, None, true))
+    }
+
+    /// Whether products apply GeGLU ([`Self::pack_out_in_geglu`]).
+    pub fn applies_geglu(&self) -> bool {
+        self.geglu
+    }
+
+    fn pack_columns(
+        weight: &[f32],
+        k: usize,
+        n: usize,
+        bias: Option<Vec<f32>>,
+        kernels: CpuKernels,
+        scale: Option<(usize, usize, f64)>,
+        geglu: bool,
+    ) -> Self {
         let nr = kernels.panel_width();
         let count = n.div_ceil(nr);
         let mut panels = vec![0f32; count * k * nr];
@@ -88,7 +119,11 @@ impl PackedWeight {
             .enumerate()
             .for_each(|(p, panel)| {
                 for c in 0..nr.min(n - p * nr) {
-                    let col = p * nr + c;
+                    let col = if geglu {
+                        grouped_column(p * nr + c, n / 2)
+                    } else {
+                        p * nr + c
+                    };
                     let row = &weight[col * k..(col + 1) * k];
                     let factor = match scale {
                         Some((start, len, factor)) if (start..start + len).contains(&col) => Some(factor as f32),
@@ -108,6 +143,7 @@ impl PackedWeight {
             nr,
             panels,
             bias,
+            geglu,
         }
     }
 
@@ -116,13 +152,14 @@ impl PackedWeight {
     pub fn to_bf16(&self) -> Bf16Weight {
         let (k, nr, panels) = (self.k, self.nr, &self.panels);
         let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
-        Bf16Weight::pack_with(
+        let rounded = Bf16Weight::pack_with(
             value,
             self.k,
             self.n,
             self.bias.clone(),
             self.kernels == CpuKernels::Amx,
-        )
+        );
+        rounded.with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 
     /// The weight quantized to int8 for `kernel`, read straight from the panels.
@@ -130,16 +167,19 @@ impl PackedWeight {
         let (k, nr, panels) = (self.k, self.nr, &self.panels);
         let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
         QuantizedWeight::quantize_with(value, self.k, self.n, self.bias.clone(), kernel)
+            .with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 
-    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major.
+    /// `x · W (+ bias)` for `x` `[m, k]` row-major; returns `[m, n]` row-major (a weight packed
+    /// for GeGLU: its GeGLU, `[m, n / 2]`).
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, n, nr) = (self.k, self.n, self.nr);
         if m == 0 || n == 0 || k == 0 {
-            return bias_rows(self.bias.as_deref(), m, n);
+            return bias_rows(self.bias.as_deref(), m, self.dims().1);
         }
         let packed_x = pack_rows(x, m, k, self.kernels.f32_tile_rows());
-        in_column_blocks(m, n, nr, self.bias.as_deref(), |first, count, block| {
+        let geglu = self.geglu.then_some(GeGlu(self.kernels));
+        in_column_blocks(m, n, nr, self.bias.as_deref(), geglu, |first, count, block| {
             self.block(&packed_x, m, first, count, block);
         })
     }
@@ -261,7 +301,7 @@ impl CpuWeight for PackedWeight {
     const NAME: &'static str = "laya-packed-matmul";
 
     fn dims(&self) -> (usize, usize) {
-        (self.k, self.n)
+        (self.k, if self.geglu { self.n / 2 } else { self.n })
     }
 
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {

@@ -5,6 +5,7 @@
 //! definitions from here and none from `mod.rs`, so no module imports from one that imports it.
 
 use crate::driver::Prefetch;
+use crate::geglu::GeGlu;
 
 /// Columns per packed panel of the i16 pair layout (two AVX2 registers of i32 sums).
 pub(super) const NR: usize = 16;
@@ -83,6 +84,8 @@ pub struct QuantizedWeight {
     /// `max|w[.., c]| / 127` per column.
     pub(super) column_scales: Vec<f32>,
     pub(super) bias: Option<Vec<f32>>,
+    /// GeGLU applied as the combine writes (columns grouped for it, `crate::geglu`).
+    pub(super) geglu: Option<GeGlu>,
 }
 
 /// How a u8 × s8 (quad layout) product quantizes its activation rows.

@@ -48,6 +48,7 @@
 //! docs/benchmarks.md.
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
@@ -55,6 +56,7 @@ use rayon::prelude::*;
 use crate::amx::Amx;
 use crate::amx::TILE_WORDS;
 use crate::driver::{ColumnRange, bias_rows, in_column_ranges, with_reused};
+use crate::geglu::{GROUP, GeGlu};
 use crate::{CpuKernels, CpuWeight};
 
 mod activations;
@@ -238,7 +240,23 @@ impl QuantizedWeight {
             panels,
             column_scales,
             bias,
+            geglu: None,
         }
+    }
+
+    /// The same weight, its products followed by `geglu` when its columns are grouped for it.
+    pub(crate) fn with_geglu(self, geglu: Option<GeGlu>) -> Self {
+        Self { geglu, ..self }
+    }
+
+    /// Whether products apply GeGLU (quantized from a weight packed for it).
+    pub fn applies_geglu(&self) -> bool {
+        self.geglu.is_some()
+    }
+
+    /// Output columns: `n`, or half of them with GeGLU.
+    fn out_features(&self) -> usize {
+        if self.geglu.is_some() { self.n / 2 } else { self.n }
     }
 
     /// Sets how a quad-layout (VNNI) weight quantizes its activations; the pair layout's are fixed.
@@ -277,7 +295,7 @@ impl QuantizedWeight {
         let n = self.n;
         if m == 0 || n == 0 || self.k == 0 {
             // No depth: every output is its bias (and no depth pass would store the sums).
-            return bias_rows(self.bias.as_deref(), m, n);
+            return bias_rows(self.bias.as_deref(), m, self.out_features());
         }
         let (nr, planes, packed_x, quants, outliers) = match &self.panels {
             Panels::Pairs { .. } => {
@@ -289,13 +307,21 @@ impl QuantizedWeight {
                 (NR_Q, activations.planes(), Packed::Quads(packed), quants, outliers)
             }
         };
+        // A block of output columns is `per` panels of the weight: with GeGLU, each output panel
+        // of `GROUP` columns is a pair of groups, one or two of the layout's panels.
+        let (n_out, nr_out, per) = match self.geglu {
+            Some(_) => (n / 2, GROUP, 2 * GROUP / nr),
+            None => (n, nr, 1),
+        };
         // The combine adds the bias, and writes each row's real columns in place.
         // SAFETY: every task's `combine_block` writes all `width` columns of its range (the
-        // range's own width: `stride` cut at `n`) in each of the `m` rows, through
-        // `Combine::scalar` or a SIMD combine, each of which stores every column it is given.
+        // range's own width: `stride` cut at `n`, halved with GeGLU) in each of the `m` rows,
+        // through `Combine::scalar` or a SIMD combine, each of which stores every column it is
+        // given, and `GeGlu::groups`, which stores every column of its output.
         #[allow(unsafe_code)]
         unsafe {
-            in_column_ranges(m, n, nr, |first, count, out| {
+            in_column_ranges(m, n_out, nr_out, |first, count, out| {
+                let (first, count) = (first * per, count * per);
                 let stride = count * nr;
                 with_sums(m * planes * stride, |sums| {
                     match &packed_x {
@@ -353,8 +379,16 @@ impl QuantizedWeight {
             Vec::new()
         };
         let block_panels = &panels[(first * quads * 4 * NR_Q).min(panels.len())..];
+        // With GeGLU each row is combined here first (whole pairs of groups: `width` is `stride`).
+        let mut grouped = match self.geglu {
+            Some(_) => vec![MaybeUninit::<f32>::uninit(); width],
+            None => Vec::new(),
+        };
         for row in 0..m {
-            let dst = &mut out.row(row)[..width];
+            let dst = match self.geglu {
+                Some(_) => &mut grouped[..],
+                None => &mut out.row(row)[..width],
+            };
             let plane = |p: usize| &sums[(row * planes + p) * stride..(row * planes + p) * stride + width];
             let quant = quants[row];
             let held = outliers.row(row, quant.outliers);
@@ -391,6 +425,13 @@ impl QuantizedWeight {
             }
             #[cfg(not(target_arch = "x86_64"))]
             combine.scalar(dst);
+            if let Some(geglu) = self.geglu {
+                // SAFETY: the combine above wrote every value of `grouped` (as it does into the
+                // output without GeGLU); `MaybeUninit<f32>` has `f32`'s layout.
+                #[allow(unsafe_code)]
+                let values = unsafe { &*(std::ptr::from_ref::<[MaybeUninit<f32>]>(&grouped[..]) as *const [f32]) };
+                geglu.groups(values, out.row(row));
+            }
         }
     }
 }
@@ -421,7 +462,7 @@ impl CpuWeight for QuantizedWeight {
     const NAME: &'static str = "laya-int8-matmul";
 
     fn dims(&self) -> (usize, usize) {
-        (self.k, self.n)
+        (self.k, self.out_features())
     }
 
     fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {

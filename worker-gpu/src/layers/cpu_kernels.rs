@@ -1,13 +1,14 @@
 //! Fused float32 CPU kernels for the elementwise hot spots of a forward — LayerNorm, GeGLU and the
 //! residual adds — each one pass over rows on the calling rayon pool. candle would spend 2–10 separate elementwise
 //! ops on each, every one a sync of its own thread pool; other devices use the composed ops.
-//! GeGLU runs SIMD (AVX-512 or AVX2, chosen at run time by `pulp`) with a rational erf.
+//! GeGLU runs `layad_cpu_kernels::geglu` (SIMD chosen at run time by `pulp`, a rational erf).
 
 use std::mem::MaybeUninit;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape};
 use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::geglu::geglu_row;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
@@ -189,7 +190,8 @@ impl CustomOp2 for AddOp {
 }
 
 /// GeGLU on the input projection `[rows, 2·I]`: `gelu_erf(first half) · second half` → `[rows, I]`.
-/// erf is [`erf`]'s rational approximation (within 4e-7 of libm's `erff`), vectorised.
+/// erf is `layad_cpu_kernels::geglu`'s rational approximation (within 4e-7 of libm's `erff`),
+/// vectorised. A projection packed for GeGLU (`Linear::fuse_geglu`) applies it itself.
 pub(crate) struct GeGluOp(pub(crate) CpuKernels);
 
 impl CustomOp1 for GeGluOp {
@@ -210,84 +212,12 @@ impl CustomOp1 for GeGluOp {
         let kernels = self.0;
         let out = fill_rows(x.len() / width.max(1), half, 1, |row, out| {
             let (input, gate) = x[row * width..(row + 1) * width].split_at(half);
-            kernels.dispatch(GeGluRow { input, gate, out });
+            geglu_row(kernels, input, gate, out);
         });
         let mut shape = leading.to_vec();
         shape.push(half);
         Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
-}
-
-/// One row of GeGLU with the widest SIMD the CPU has.
-struct GeGluRow<'a> {
-    input: &'a [f32],
-    gate: &'a [f32],
-    out: &'a mut [f32],
-}
-
-impl WithSimd for GeGluRow<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
-        let (input, input_tail) = S::as_simd_f32s(self.input);
-        let (gate, gate_tail) = S::as_simd_f32s(self.gate);
-        let (out, out_tail) = S::as_mut_simd_f32s(self.out);
-        let half = simd.splat_f32s(0.5);
-        let one = simd.splat_f32s(1.0);
-        let scale = simd.splat_f32s(std::f32::consts::FRAC_1_SQRT_2);
-        for ((o, &u), &g) in out.iter_mut().zip(input).zip(gate) {
-            let e = erf_simd(simd, simd.mul_f32s(u, scale));
-            let gelu = simd.mul_f32s(simd.mul_f32s(simd.add_f32s(e, one), half), u);
-            *o = simd.mul_f32s(gelu, g);
-        }
-        for ((o, &u), &g) in out_tail.iter_mut().zip(input_tail).zip(gate_tail) {
-            *o = (erf(u * std::f32::consts::FRAC_1_SQRT_2) + 1.0) * 0.5 * u * g;
-        }
-    }
-}
-
-/// erf as a clamped rational function, `x·P(x²)/Q(x²)` on [−4, 4] (±1 outside, where float32 erf
-/// is ±1 anyway); the float32 approximation XLA and Eigen use. Within 4e-7 of libm's `erff`.
-const ERF_ALPHA: [f32; 7] = [
-    -2.726_142_3e-10,
-    2.770_681_4e-8,
-    -2.101_024e-6,
-    -5.692_506_4e-5,
-    -7.349_906_3e-4,
-    -2.954_6e-3,
-    -1.609_603_3e-2,
-];
-const ERF_BETA: [f32; 5] = [
-    -1.456_607_2e-5,
-    -2.133_740_6e-4,
-    -1.682_827e-3,
-    -7.373_329_2e-3,
-    -1.426_473_9e-2,
-];
-
-/// Scalar [`ERF_ALPHA`]/[`ERF_BETA`] erf, for the tails of rows.
-pub(crate) fn erf(x: f32) -> f32 {
-    let x = x.clamp(-4.0, 4.0);
-    let x2 = x * x;
-    let p = ERF_ALPHA.iter().fold(0.0f32, |acc, &c| acc.mul_add(x2, c));
-    let q = ERF_BETA.iter().fold(0.0f32, |acc, &c| acc.mul_add(x2, c));
-    x * p / q
-}
-
-#[inline(always)]
-fn erf_simd<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
-    let x = simd.min_f32s(simd.max_f32s(x, simd.splat_f32s(-4.0)), simd.splat_f32s(4.0));
-    let x2 = simd.mul_f32s(x, x);
-    let mut p = simd.splat_f32s(0.0);
-    for c in ERF_ALPHA {
-        p = simd.mul_add_f32s(p, x2, simd.splat_f32s(c));
-    }
-    let mut q = simd.splat_f32s(0.0);
-    for c in ERF_BETA {
-        q = simd.mul_add_f32s(q, x2, simd.splat_f32s(c));
-    }
-    simd.div_f32s(simd.mul_f32s(x, p), q)
 }
 
 #[cfg(test)]
@@ -393,6 +323,7 @@ mod tests {
 
     #[test]
     fn rational_erf_follows_libm() {
+        use layad_cpu_kernels::geglu::erf;
         let mut worst = 0f32;
         for i in -60_000..=60_000 {
             let x = i as f32 * 1e-4;

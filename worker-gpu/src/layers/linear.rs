@@ -31,6 +31,8 @@ enum LinearWeight {
         weight: Tensor,
         bias: Option<Tensor>,
         output_scale: Option<(usize, usize, f64)>,
+        /// A GeGLU projection to pack for GeGLU where the kernels can ([`Linear::fuse_geglu`]).
+        geglu: bool,
     },
     /// `Wᵀ`, `[in, out]` and contiguous, for candle's matmul (devices, half precisions, the `gemm`
     /// family): with the activations row-major, the gemm crate then reads the weight without
@@ -83,6 +85,7 @@ impl Linear {
                 weight,
                 bias,
                 output_scale: None,
+                geglu: false,
             },
         })
     }
@@ -95,6 +98,7 @@ impl Linear {
             weight,
             bias,
             output_scale,
+            geglu,
         } = &self.weight
         else {
             return Ok(());
@@ -124,7 +128,12 @@ impl Linear {
             let Some((begin, end)) = layout.contiguous_offsets() else {
                 candle_core::bail!("pack_for_cpu: expected a contiguous weight")
             };
-            PackedWeight::pack_out_in(&data[begin..end], k, n, bias, kernels, *output_scale)
+            let weight = &data[begin..end];
+            let grouped = match (*geglu, &bias, output_scale) {
+                (true, None, None) => PackedWeight::pack_out_in_geglu(weight, k, n, kernels),
+                _ => None,
+            };
+            grouped.unwrap_or_else(|| PackedWeight::pack_out_in(weight, k, n, bias, kernels, *output_scale))
         };
         self.weight = LinearWeight::Packed(packed);
         Ok(())
@@ -210,6 +219,26 @@ impl Linear {
             *b = scale_along(b, 0, start, len, factor)?;
         }
         Ok(())
+    }
+
+    /// Marks a GeGLU projection (`[2·I, in]`: the input half's rows, then the gate half's) to be
+    /// packed for GeGLU where the CPU kernels can ([`PackedWeight::pack_out_in_geglu`]: no bias,
+    /// no output scale, 32-column panels, `I` a multiple of 16); its forward then gives GeGLU's
+    /// `[n, I]` ([`Self::applies_geglu`]). Other devices and families keep the plain projection.
+    pub(crate) fn fuse_geglu(&mut self) {
+        if let LinearWeight::Loaded { geglu, .. } = &mut self.weight {
+            *geglu = true;
+        }
+    }
+
+    /// Whether [`Self::forward`] gives the projection's GeGLU rather than the projection.
+    pub(crate) fn applies_geglu(&self) -> bool {
+        match &self.weight {
+            LinearWeight::Packed(packed) => packed.applies_geglu(),
+            LinearWeight::Bf16(rounded) => rounded.applies_geglu(),
+            LinearWeight::Int8(quantized) => quantized.applies_geglu(),
+            LinearWeight::Loaded { .. } | LinearWeight::Transposed { .. } => false,
+        }
     }
 
     /// `x`: `[n, in]` in any float dtype; returns `[n, out]` in the compute dtype.

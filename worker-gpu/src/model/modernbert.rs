@@ -117,7 +117,11 @@ impl Encoder {
                 wqkv,
                 wo: Linear::load(weights, &format!("{p}.attn.Wo"), (d, d), false, dtype)?,
                 mlp_norm: LayerNorm::load(weights, &format!("{p}.mlp_norm"), d, false, eps)?,
-                wi: Linear::load(weights, &format!("{p}.mlp.Wi"), (2 * inter, d), false, dtype)?,
+                wi: {
+                    let mut wi = Linear::load(weights, &format!("{p}.mlp.Wi"), (2 * inter, d), false, dtype)?;
+                    wi.fuse_geglu();
+                    wi
+                },
                 mlp_wo: Linear::load(weights, &format!("{p}.mlp.Wo"), (d, inter), false, dtype)?,
                 kind,
             });
@@ -299,7 +303,9 @@ impl Encoder {
         };
         let x = residual(x, &layer.wo.forward(&merged)?.to_dtype(DType::F32)?)?;
         let projected = layer.wi.forward(&layer.mlp_norm.forward(&x)?)?;
-        let activated = if projected.device().is_cpu() && projected.dtype() == DType::F32 {
+        let activated = if layer.wi.applies_geglu() {
+            projected
+        } else if projected.device().is_cpu() && projected.dtype() == DType::F32 {
             projected.apply_op1_no_bwd(&GeGluOp(self.kernels))?
         } else {
             let input = projected.narrow(1, 0, self.intermediate)?;
