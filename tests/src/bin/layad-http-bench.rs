@@ -42,9 +42,9 @@ struct Args {
     /// Seconds per server and concurrency level, run twice per server (A/B/B/A).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Concurrency levels for the throughput table (empty: skip it).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    concurrency: Vec<usize>,
+    /// Concurrency levels for the throughput table, comma-separated (`none` or empty: skip it).
+    #[arg(long, default_value = "1,2,4,8", value_parser = concurrency_levels)]
+    concurrency: ConcurrencyLevels,
     /// Compute threads of each server (layad's worker, upstream's torch).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -86,6 +86,24 @@ struct Args {
     /// it holds each forward's rows and device time (`tools/bench/forward_phases.py` reads them).
     #[arg(long)]
     layad_log: Option<PathBuf>,
+}
+
+/// The throughput table's client counts; empty skips the table.
+#[derive(Clone, Debug, PartialEq)]
+struct ConcurrencyLevels(Vec<usize>);
+
+/// `1,2,4,8`; `none` or nothing: no throughput table (clap's own list parser refuses an empty value).
+fn concurrency_levels(text: &str) -> Result<ConcurrencyLevels, String> {
+    if text.trim().is_empty() || text.trim() == "none" {
+        return Ok(ConcurrencyLevels(Vec::new()));
+    }
+    text.split(',')
+        .map(|level| match level.trim().parse::<usize>() {
+            Ok(clients) if clients > 0 => Ok(clients),
+            _ => Err(format!("'{level}' is not a number of clients (1 or more)")),
+        })
+        .collect::<Result<_, _>>()
+        .map(ConcurrencyLevels)
 }
 
 /// A fake HF home whose bundle root (`english`) is `checkpoint`, so upstream loads the same files.
@@ -688,7 +706,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
 
     let mut throughput_rows = Vec::new();
-    if !args.concurrency.is_empty() {
+    if !args.concurrency.0.is_empty() {
         let short = shapes
             .iter()
             .find(|s| s.name == "short")
@@ -699,7 +717,7 @@ async fn run(args: Args) -> Result<(), String> {
             "| clients | layad answers/s | {peer_name} answers/s | layad / {peer_name} | errors (layad, {peer_name}) |"
         );
         println!("|---|---|---|---|---|");
-        for &clients in &args.concurrency {
+        for &clients in &args.concurrency.0 {
             // A/B/B/A: each server runs twice, the halves mirrored around the middle.
             let (mut ours, mut theirs) = ((0usize, 0f64, 0usize), (0usize, 0f64, 0usize));
             // Each run kept as (answers, seconds, errors), so a reader sees the spread of the halves.
@@ -789,6 +807,15 @@ async fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrency_levels_parse_a_list_or_none() {
+        assert_eq!(concurrency_levels("1,2, 8"), Ok(ConcurrencyLevels(vec![1, 2, 8])));
+        assert_eq!(concurrency_levels(""), Ok(ConcurrencyLevels(Vec::new())));
+        assert_eq!(concurrency_levels("none"), Ok(ConcurrencyLevels(Vec::new())));
+        assert!(concurrency_levels("1,,2").is_err_and(|e| e.contains("''")));
+        assert!(concurrency_levels("0").is_err());
+    }
 
     #[test]
     fn probabilities_are_compared_across_contracts_and_flips_split_by_the_gate_margin() {
