@@ -1,8 +1,8 @@
 //! GeGLU, `gelu_erf(u) · g` with erf's rational approximation, vectorised: on a projection's plain
 //! output (its two halves, [`geglu_row`]: the worker's GeGLU op), and inside the products that apply
-//! it as they write their output ([`GeGlu`]). A weight packed for the second holds its columns in
+//! it as they write their output (`GeGlu`). A weight packed for the second holds its columns in
 //! groups of [`GROUP`]: each 32-column panel is 16 input columns followed by their 16 gate columns
-//! ([`grouped_column`]), so a product's column block holds whole pairs and writes half as many
+//! (`grouped_column`), so a product's column block holds whole pairs and writes half as many
 //! values, and the projection's `[rows, 2·I]` output is never stored nor read back. Both ways run the
 //! same arithmetic per value, so they give the same floats.
 
@@ -136,7 +136,7 @@ const ERF_BETA: [f32; 5] = [
     -1.426_473_9e-2,
 ];
 
-/// Scalar [`ERF_ALPHA`]/[`ERF_BETA`] erf, for the tails of rows.
+/// Scalar `ERF_ALPHA`/`ERF_BETA` erf, for the tails of rows (the same operations as the SIMD lanes).
 pub fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;

@@ -27,6 +27,11 @@
 //!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
 //!   `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
 //!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool).
+//! - [`geglu`]: GeGLU (`gelu_erf(u) · g`, erf's rational approximation) for the worker's op on a
+//!   projection's output, and applied by the products themselves to a weight packed for it
+//!   ([`f32::PackedWeight::pack_out_in_geglu`]: columns grouped 16 inputs then their 16 gates per
+//!   panel, so a column block holds whole pairs; the f32 and bf16 block copy and the int8 combine
+//!   then write `[m, I]`, and the `[m, 2·I]` projection is never stored).
 //! - [`amx`]: Intel AMX (Sapphire Rapids and later Xeons): the CPU's tile permission and why it was
 //!   refused ([`amx::Amx::detect`]), and one driver (`amx/tiles.rs`) that multiplies row-major
 //!   activation words by packed 32-column weight panels on the tile registers, for two formats
