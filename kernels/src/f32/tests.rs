@@ -1,4 +1,6 @@
 use super::*;
+use crate::geglu::{GROUP, geglu_row};
+use crate::int8::Int8Activations;
 
 /// `x · W (+ bias)` in float64, rounded to f32: the reference both kernels' tests compare with.
 pub(crate) fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
@@ -134,4 +136,84 @@ fn packing_the_files_layout_matches_packing_the_transpose() {
             assert_eq!(from_panels, from_matrix, "{kernels} {int8:?}");
         }
     }
+}
+
+// GeGLU applied by the products (`crate::geglu`), for every format made from a packed weight.
+
+/// Deterministic values in [−1.5, 1.5), different per seed.
+fn geglu_values(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 104_729) % 1009) as f32 / 1009.0 * 3.0 - 1.5)
+        .collect()
+}
+
+/// GeGLU of a plain product's `[m, 2·half]` output, row by row, as the worker's op runs it.
+fn plain_geglu(kernels: CpuKernels, y: &[f32], m: usize, half: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * half];
+    for (row, out) in y.chunks_exact(2 * half).zip(out.chunks_exact_mut(half)) {
+        let (input, gate) = row.split_at(half);
+        geglu_row(kernels, input, gate, out);
+    }
+    out
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn grouped_products_give_the_plain_products_geglu_bit_for_bit() {
+    let families = [CpuKernels::detect(), CpuKernels::Avx512, CpuKernels::Amx];
+    for family in families.into_iter().filter(|f| f.panel_width() == 2 * GROUP) {
+        // Depths past one pass and not a multiple of the quad or pair; rows past a tile.
+        for (seed, (k, half, m)) in [(40, 48, 1), (67, 32, 7), (600, 80, 19)].into_iter().enumerate() {
+            let weight = geglu_values(2 * half * k, seed);
+            let x = geglu_values(m * k, seed + 10);
+            let plain = PackedWeight::pack_out_in(&weight, k, 2 * half, None, family, None);
+            let grouped = PackedWeight::pack_out_in_geglu(&weight, k, 2 * half, family).expect("whole groups");
+            assert_eq!(grouped.dims(), (k, half));
+            let want = plain_geglu(family, &plain.matmul(&x, m), m, half);
+            assert_eq!(
+                bits(&grouped.matmul(&x, m)),
+                bits(&want),
+                "f32 {family} {k}×{half}, {m} rows"
+            );
+            if crate::bf16::available() {
+                let (plain, grouped) = (plain.to_bf16(), grouped.to_bf16());
+                assert_eq!(grouped.dims(), (k, half));
+                let want = plain_geglu(family, &plain.matmul(&x, m), m, half);
+                assert_eq!(bits(&grouped.matmul(&x, m)), bits(&want), "bf16 {family} {k}×{half}");
+            }
+            let kernels = [Int8Kernel::for_family(family), Int8Kernel::Avx2, Int8Kernel::Scalar];
+            for kernel in kernels.into_iter().filter(|k| k.available()) {
+                for activations in [
+                    Int8Activations::U8,
+                    Int8Activations::U16,
+                    Int8Activations::U8Outliers(3),
+                ] {
+                    let (mut plain, mut grouped) = (plain.quantize(kernel), grouped.quantize(kernel));
+                    plain.set_activations(activations);
+                    grouped.set_activations(activations);
+                    assert_eq!(grouped.dims(), (k, half));
+                    let want = plain_geglu(family, &plain.matmul(&x, m), m, half);
+                    let got = grouped.matmul(&x, m);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "int8 {kernel:?} {activations} {k}×{half}, {m} rows"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn only_whole_pairs_of_groups_are_grouped() {
+    let weight = geglu_values(2 * 40 * 8, 0);
+    // Half of 80 columns is not a multiple of 16; the avx2 family's panels hold one group.
+    assert!(PackedWeight::pack_out_in_geglu(&weight, 8, 80, CpuKernels::Avx512).is_none());
+    let weight = geglu_values(64 * 8, 0);
+    assert!(PackedWeight::pack_out_in_geglu(&weight, 8, 64, CpuKernels::Avx2).is_none());
+    assert!(PackedWeight::pack_out_in_geglu(&weight, 8, 64, CpuKernels::Avx512).is_some());
 }
