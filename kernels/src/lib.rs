@@ -26,7 +26,8 @@
 //! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
 //!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
 //!   `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
-//!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool).
+//!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool), and
+//!   their blocks of rows on AMX's tiles where the pool's weights run there ([`bf16::RowTiles`]).
 //! - [`geglu`]: GeGLU (`gelu_erf(u) · g`, erf's rational approximation) for the worker's op on a
 //!   projection's output, and applied by the products themselves to a weight packed for it
 //!   ([`f32::PackedWeight::pack_out_in_geglu`]: columns grouped 16 inputs then their 16 gates per
@@ -39,7 +40,8 @@
 //!   - `tdpbusd`: u8 activations × s8 weights, four depths per 32-bit word, exact i32 sums
 //!     ([`amx::Int8Tiles`]);
 //!   - `tdpbf16ps`: bf16 activations × bf16 weights, two depths per word, f32 sums
-//!     ([`amx::Bf16Tiles`]).
+//!     ([`amx::Bf16Tiles`]; [`amx::Bf16Words`] where the right-hand side arrives as pair words,
+//!     the attention's keys and values).
 //!
 //!   The same products run in a portable model of the tile operation ([`amx::TileProduct::model`]),
 //!   which is how the tests check the packing and the tile layout on every CPU, and the AMX code

@@ -24,7 +24,9 @@ mod product;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
 
-pub use product::{Bf16Tiles, Int8Tiles, PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, TileFormat, TileProduct, row_stride};
+pub use product::{
+    Bf16Tiles, Bf16Words, Int8Tiles, PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, TileFormat, TileProduct, row_stride,
+};
 
 use std::sync::OnceLock;
 

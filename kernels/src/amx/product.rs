@@ -36,6 +36,12 @@ pub enum Int8Tiles {}
 #[derive(Debug)]
 pub enum Bf16Tiles {}
 
+/// [`Bf16Tiles`]' product with a right-hand side that arrives as pair words rather than as bf16
+/// halves: the attention's keys and values in a bf16 pool (`bf16::RowsKernel`), laid out by
+/// `RowsKernel::pair_words` in the weights' panel layout. The same bytes, the same instruction.
+#[derive(Debug)]
+pub enum Bf16Words {}
+
 impl TileFormat for Int8Tiles {
     type Weight = i8;
     type Sum = i32;
@@ -76,6 +82,20 @@ impl TileFormat for Bf16Tiles {
 
     fn weight_word(weights: &[u16]) -> u32 {
         u32::from(weights[0]) | u32::from(weights[1]) << 16
+    }
+}
+
+impl TileFormat for Bf16Words {
+    type Weight = u32;
+    type Sum = f32;
+    const INSTRUCTION: private::Instruction = private::Instruction::Tdpbf16ps;
+
+    fn tile_dot(sum: f32, a: &[u32], b: impl Fn(usize) -> u32) -> f32 {
+        Bf16Tiles::tile_dot(sum, a, b)
+    }
+
+    fn weight_word(weights: &[u32]) -> u32 {
+        weights[0]
     }
 }
 
@@ -194,6 +214,7 @@ mod private {
     pub trait Sealed {}
     impl Sealed for super::Int8Tiles {}
     impl Sealed for super::Bf16Tiles {}
+    impl Sealed for super::Bf16Words {}
 
     /// The tile instruction of a format.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]

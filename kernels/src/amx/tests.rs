@@ -278,3 +278,46 @@ fn a_short_output_is_refused() {
 fn a_product_of_the_right_shapes_is_taken() {
     model_of_zeros(32 * 16, 17, 16, 17 * PANEL_COLUMNS);
 }
+
+#[test]
+fn pair_word_panels_give_the_bf16_panels_sums_bit_for_bit() {
+    // The attention's keys and values arrive as pair words (`Bf16Words`), the weights as bf16
+    // halves (`Bf16Tiles`): the same bytes must give the same sums, in the model and on the tiles.
+    for (i, &(rows, depth, count, extra)) in SHAPES.iter().enumerate() {
+        let a: Vec<u32> = bf16_values(rows.next_multiple_of(TILE_ROWS) * depth * 2, 400 + i as u64)
+            .chunks_exact(2)
+            .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
+            .collect();
+        let halves = bf16_values(count * depth * PANEL_COLUMNS * 2, 500 + i as u64);
+        let pair_words: Vec<u32> = halves
+            .chunks_exact(2)
+            .map(|p| u32::from(p[0]) | u32::from(p[1]) << 16)
+            .collect();
+        let stride = count * PANEL_COLUMNS + extra;
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for portable in [true, false] {
+            let (mut got, mut want) = (vec![0.5f32; rows * stride], vec![0.5f32; rows * stride]);
+            TileProduct::<Bf16Words> {
+                a: &a,
+                a_stride: depth,
+                rows,
+                words: depth,
+                panels: &pair_words,
+                out: &mut got,
+                stride,
+            }
+            .run(portable);
+            TileProduct::<Bf16Tiles> {
+                a: &a,
+                a_stride: depth,
+                rows,
+                words: depth,
+                panels: &halves,
+                out: &mut want,
+                stride,
+            }
+            .model();
+            assert_eq!(bits(&got), bits(&want), "{rows}x{depth}x{count}, portable {portable}");
+        }
+    }
+}

@@ -32,7 +32,7 @@ mod tests;
 mod tile;
 mod words;
 
-pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowsKernel, RowsProduct};
+pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowTiles, RowsKernel, RowsProduct};
 
 use tile::{Bf16TileCall, MR, NR};
 use words::{from_bf16, pair_word, to_bf16};

@@ -8,11 +8,17 @@
 //! place, through a tile generic over where its words come from; that cost the weight products'
 //! tile its broadcasts from memory (it gathered each pair's words into a register and shuffled them
 //! out), so the rows are laid out as the weights' activations are.
+//!
+//! Where the pool's weights run on AMX's tiles, so can these products ([`RowsKernel::tiles`],
+//! [`RowTiles`]): the same panels (`tdpbf16ps` reads a panel of pair words as it reads a bf16
+//! weight's), the rows one after another instead of in a tile of [`MAX_ROWS`], and the depth in
+//! whole tiles of [`TILE_WORDS`](crate::amx::TILE_WORDS) words.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use super::tile::{MR, NR};
 use super::words::{from_bf16, pair_word};
+use crate::amx::{Bf16Words, TileProduct};
 
 /// Columns of one panel: two AVX-512 registers of f32 sums.
 pub const PANEL_COLUMNS: usize = NR;
@@ -24,23 +30,33 @@ pub const MAX_ROWS: usize = MR;
 pub struct RowsKernel {
     #[cfg(target_arch = "x86_64")]
     simd: Option<avx512::Bf16Dp>,
+    tiles: Option<RowTiles>,
 }
 
 impl RowsKernel {
-    /// `vdpbf16ps` where the CPU has AVX512_BF16, else portable code.
-    pub fn detect() -> Self {
+    /// `vdpbf16ps` where the CPU has AVX512_BF16, else portable code; blocks of rows on AMX's
+    /// tiles when `tiles` (the pool's weights run there: the `amx` kernel family).
+    pub fn detect(tiles: bool) -> Self {
         Self {
             #[cfg(target_arch = "x86_64")]
             simd: avx512::Bf16Dp::try_new(),
+            tiles: tiles.then_some(RowTiles { portable: false }),
         }
     }
 
-    /// Portable code on every CPU (the tests' reference).
-    pub fn portable() -> Self {
+    /// Portable code on every CPU (the tests' reference); with `tile_model`, the tiles' layout
+    /// run in their portable model ([`TileProduct::model`]), how the tests check it on any CPU.
+    pub fn portable(tile_model: bool) -> Self {
         Self {
             #[cfg(target_arch = "x86_64")]
             simd: None,
+            tiles: tile_model.then_some(RowTiles { portable: true }),
         }
+    }
+
+    /// Where blocks of rows are multiplied on AMX's tiles (or their model), the way to do it.
+    pub fn tiles(self) -> Option<RowTiles> {
+        self.tiles
     }
 
     /// `values` as depth-pair words `bf16(values[2i]) | bf16(values[2i + 1]) << 16` (a missing
@@ -148,4 +164,20 @@ pub struct RowsProduct<'a> {
     pub out: &'a mut [f32],
     /// Values between the starts of two rows of `out`.
     pub stride: usize,
+}
+
+/// Products of row-major pair-word rows by panels of pair words on AMX's tiles, for a
+/// [`RowsKernel`] whose pool runs its weights there ([`RowsKernel::tiles`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RowTiles {
+    /// Run in the tiles' portable model (the tests), else on the tiles where this process has them.
+    portable: bool,
+}
+
+impl RowTiles {
+    /// `product.out = product.a · product.panels` ([`TileProduct`]: the rows one after another,
+    /// the depth in whole tiles); panics where its slices do not hold what it describes.
+    pub fn run(self, product: TileProduct<'_, Bf16Words>) {
+        product.run(self.portable);
+    }
 }

@@ -129,7 +129,7 @@ fn availability_follows_the_cpu() {
 /// sums are stored over whatever `out` held (NaN here), and the tile's other rows (NaN) unread.
 #[test]
 fn rows_products_match_float_products() {
-    let kernels = [RowsKernel::detect(), RowsKernel::portable()];
+    let kernels = [RowsKernel::detect(false), RowsKernel::portable(false)];
     for &(rows, depth) in &[(1usize, 1usize), (3, 7), (MAX_ROWS, 64), (5, 130), (2, 2)] {
         let pairs = depth.div_ceil(2);
         let x = values(rows * depth, rows + depth);
@@ -194,7 +194,7 @@ fn rows_products_match_float_products() {
 /// portable ones bit for bit, ties, NaN, infinities and a `high` shorter than `low` included.
 #[test]
 fn interleaved_words_equal_the_portable_ones() {
-    let (simd, portable) = (RowsKernel::detect(), RowsKernel::portable());
+    let (simd, portable) = (RowsKernel::detect(false), RowsKernel::portable(false));
     let mut low = values(40, 5);
     low[..5].copy_from_slice(&[1.0 + 1.0 / 256.0, f32::NAN, f32::INFINITY, -0.0, f32::MAX]);
     let high = values(40, 6);

@@ -187,7 +187,8 @@ impl Encoder {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
         }
-        self.attention_bf16 = Some(RowsKernel::detect());
+        // Blocks of rows on AMX's tiles where the weights run there.
+        self.attention_bf16 = Some(RowsKernel::detect(self.kernels == CpuKernels::Amx));
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! One encoder layer's attention on the CPU as a single op: the fused q/k/v projection in (f32),
 //! RoPE, scores, masked softmax (key padding, sliding window) and values, heads merged out. The
-//! products run in f32 here, or in bf16 in a bf16 pool (`bf16.rs`); `tests.rs` checks both against
-//! plain attention in f64.
+//! products run in f32 here, or in bf16 in a bf16 pool (`bf16.rs`; on AMX's tiles where the pool's
+//! weights run there, `tiles.rs`); `tests.rs` checks each against plain attention in f64.
 //!
 //! Each (row, head) is one task on the rayon pool, with a micro-kernel like the f32 matmul's
 //! (`layad_cpu_kernels::f32`) that reads its rows in place for q·kᵀ and p·v; a sliding-window layer
@@ -17,6 +17,7 @@ use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
 mod bf16;
+mod tiles;
 
 /// Rows of q (or of probabilities) one product computes: one generic tile serves both x86-64
 /// families here, so AVX2's 16 registers set it (12 accumulators; the weight products' AVX-512
@@ -204,7 +205,10 @@ impl WithSimd for HeadTask<'_> {
     fn with_simd<S: Simd>(self, simd: S) {
         let op = self.op;
         match op.bf16 {
-            Some(kernel) => op.head_bf16(simd, kernel, self),
+            Some(kernel) => match kernel.tiles() {
+                Some(tiles) => op.head_bf16_tiles(simd, kernel, tiles, self),
+                None => op.head_bf16(simd, kernel, self),
+            },
             None => op.head(simd, self),
         }
     }

@@ -141,7 +141,7 @@ fn reference(op: &AttentionOp<'_>, qkv: &[f32], row: usize) -> Vec<f32> {
 
 #[test]
 fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
-    let (heads, head_dim, len) = (3, 40, 45);
+    let (heads, head_dim, len) = (3, 40, 80);
     let d = heads * head_dim;
     let half = head_dim / 2;
     let angles: Vec<f32> = (0..len * half)
@@ -149,8 +149,10 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
         .collect();
     let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
     let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-    // Lengths: a full row, padded rows of one key and of a tile and a half, one longer than a panel.
-    let lengths = [45, 1, 9, 37];
+    // Lengths: a full row (past two blocks of 32 queries: a sliding window's block then starts
+    // past the first key panel), padded rows of one key and of a tile and a half, one longer than
+    // a panel.
+    let lengths = [80, 1, 9, 37];
     let qkv = values(lengths.len() * len * 3 * d, 7);
     for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
         if !kernels.available() {
@@ -164,8 +166,11 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
         let small: Vec<f32> = qkv.iter().map(|v| v / 4.0).collect();
         let precisions = [
             (None, &qkv, 2e-5),
-            (Some(RowsKernel::detect()), &small, 4e-3),
-            (Some(RowsKernel::portable()), &small, 4e-3),
+            (Some(RowsKernel::detect(false)), &small, 4e-3),
+            (Some(RowsKernel::portable(false)), &small, 4e-3),
+            // The tiles' layout: on AMX's tiles where this CPU has them, else in their model.
+            (Some(RowsKernel::detect(true)), &small, 4e-3),
+            (Some(RowsKernel::portable(true)), &small, 4e-3),
         ];
         for (bf16, qkv, bound) in precisions {
             // Odd and even windows: a tile's first key odd or even.
@@ -194,6 +199,11 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
                 for (row, &n) in lengths.iter().enumerate() {
                     let expected = reference(&op, qkv, row);
                     let got = &out[row * len * d..(row + 1) * len * d];
+                    // `f32::max` below would pass over a NaN.
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{kernels} bf16 {bf16:?} window {half_window:?} row {row}: not finite"
+                    );
                     let worst = got
                         .iter()
                         .zip(&expected)
