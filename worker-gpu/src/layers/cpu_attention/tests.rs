@@ -141,7 +141,14 @@ fn reference(op: &AttentionOp<'_>, qkv: &[f32], row: usize) -> Vec<f32> {
 
 #[test]
 fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
-    let (heads, head_dim, len) = (3, 40, 80);
+    // A head size that fills no whole tile depth (20 pairs) and ModernBERT's (64), two seeds.
+    for (heads, head_dim, len, seed) in [(3, 40, 80, 7), (2, 64, 130, 11)] {
+        attention_case(heads, head_dim, len, seed)?;
+    }
+    Ok(())
+}
+
+fn attention_case(heads: usize, head_dim: usize, len: usize, seed: u64) -> candle_core::Result<()> {
     let d = heads * head_dim;
     let half = head_dim / 2;
     let angles: Vec<f32> = (0..len * half)
@@ -152,8 +159,8 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
     // Lengths: a full row (past two blocks of 32 queries: a sliding window's block then starts
     // past the first key panel), padded rows of one key and of a tile and a half, one longer than
     // a panel.
-    let lengths = [80, 1, 9, 37];
-    let qkv = values(lengths.len() * len * 3 * d, 7);
+    let lengths = [len, 1, 9, 37];
+    let qkv = values(lengths.len() * len * 3 * d, seed);
     for kernels in [CpuKernels::Avx512, CpuKernels::Avx2] {
         if !kernels.available() {
             continue;
@@ -174,7 +181,7 @@ fn fused_attention_matches_plain_attention() -> candle_core::Result<()> {
         ];
         for (bf16, qkv, bound) in precisions {
             // Odd and even windows: a tile's first key odd or even.
-            for half_window in [None, Some(4), Some(5), Some(20)] {
+            for half_window in [None, Some(4), Some(5), Some(20), Some(64)] {
                 let op = AttentionOp {
                     lengths: &lengths,
                     len,
