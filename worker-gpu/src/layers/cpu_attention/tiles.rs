@@ -1,7 +1,8 @@
 //! One (row, head) task of a bf16 pool's attention where the pool's weights run on AMX's tiles:
 //! q·kᵀ and p·v on `tdpbf16ps` ([`RowTiles`]) instead of `vdpbf16ps`. On an AMX Xeon the weight
-//! products moved to the tiles and the attention did not: at 512 tokens it was ~16% of a bf16
-//! forward there (docs/benchmarks/notes.md). The arithmetic is `bf16.rs`'s (q, the keys, the
+//! products moved to the tiles and the attention did not: at 512 tokens, still in f32, it was ~16%
+//! of a bf16 forward there (docs/benchmarks/notes.md; not measured there since `bf16.rs`, nor with
+//! this: no AMX machine since). The arithmetic is `bf16.rs`'s (q, the keys, the
 //! values and the softmax's exponentials rounded to bf16, f32 sums, each row divided by its
 //! exponentials' sum afterwards); what changes is the layout the tiles read:
 //! - q's rows one after another as pair words ([`row_stride`] apart), in blocks of 32 rows (the
