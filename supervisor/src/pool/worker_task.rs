@@ -111,6 +111,7 @@ async fn run_batch(
         state.in_flight -= batch.len();
         state.running.remove(&worker.index);
         if let Ok(answer) = &result {
+            state.answered(worker.index, batch.len(), Instant::now());
             let changes = state.model.speed().changes;
             state.model.observe(
                 checkpoint,

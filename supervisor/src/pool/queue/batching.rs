@@ -1,10 +1,11 @@
 //! Who joins a batch: the rule for a queue that drains ([`joins_batch`]: a job joins while it
-//! saves the jobs queued behind it more than it delays the batch's members) and the rule for a
+//! saves the jobs queued behind it more than it delays the batch's members), the rule for a
 //! saturated pool ([`throughput_size`]: the batch that does the most work per second of device
-//! time), with the limits every batch keeps (rows, tokens, padding). Plain functions of the pool's
-//! estimates; `State::batch_members` applies them to the queue.
+//! time) and its hold for the clients it just answered ([`return_hold`]), with the limits every
+//! batch keeps (rows, tokens, padding). Plain functions of the pool's estimates;
+//! `State::batch_members` and `State::take_batch` apply them to the queue.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::pool::capabilities::{Capabilities, ForwardShape};
 
@@ -26,6 +27,24 @@ const MIN_GAIN: f64 = 0.05;
 /// them is taken. The estimates price every size of a rows band at the band's cost per token, so
 /// only the band's largest size shows what the band's forwards gain.
 const RATE_TOLERANCE: f64 = 0.02;
+
+/// Longest a pool holds its next forward for the clients of a saturated forward it just answered
+/// ([`return_hold`]), and the most of the held job's expected time: a closed-loop client sends its
+/// next request a few milliseconds after its answer. Without the hold, 8 such clients on a 2-vCPU
+/// Zen 4 ran forwards of 7 rows and of 1 in turn: the eighth request, sent during a 7-row forward,
+/// started alone the moment it ended, a few milliseconds before the seven others came back
+/// (docs/benchmarks/notes.md, stop 54).
+const RETURN_HOLD_MAX: Duration = Duration::from_millis(10);
+const RETURN_HOLD_SHARE: f64 = 0.1;
+
+/// Until when a pool with `queued` jobs a worker could take holds its next forward, whose first
+/// job takes `alone`, given when its last forward taken while saturated answered and how many jobs
+/// (`answered`): while fewer wait than that forward answered, for as long as [`RETURN_HOLD_MAX`]
+/// and [`RETURN_HOLD_SHARE`] allow after the answer.
+pub(super) fn return_hold(answered: Option<(Instant, usize)>, queued: usize, alone: Duration) -> Option<Instant> {
+    let (at, jobs) = answered?;
+    (queued < jobs).then(|| at + RETURN_HOLD_MAX.min(alone.mul_f64(RETURN_HOLD_SHARE)))
+}
 
 /// Whether a job joins a batch of `members` jobs, given what it adds to the batch's device time
 /// (`added`), what it would take alone (`alone`) and how many queued jobs wait behind it per worker

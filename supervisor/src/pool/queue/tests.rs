@@ -710,3 +710,58 @@ fn a_pool_whose_estimate_says_minutes_is_probed_every_few_seconds_and_recovers()
     assert!(!state.model.speed().slowed());
     assert_eq!(state.model.estimate(ENGLISH, shape), normal);
 }
+
+#[test]
+fn a_saturated_pool_holds_its_next_forward_for_the_clients_it_just_answered() {
+    // 20 ms a forward + 1 ms a token: a 64-token row alone 84 ms, so the hold is at most 8.4 ms.
+    let one_queued = || {
+        let mut state = state_with_overhead(20.0, 1.0, 1);
+        for rows in [1, 2, 4, 8] {
+            measure(&mut state, rows);
+        }
+        // Twelve arrived within the second (1.01 s of work alone): saturated. One still waits.
+        let answers = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 12]);
+        state.queue.truncate(1);
+        (state, answers)
+    };
+    let all = &CheckpointName::ALL[..];
+    // How many jobs the next forward takes, `None` while it is held.
+    let take = |state: &mut State| state.take_batch(0, all, &general(), Duration::ZERO).map(|b| b.len());
+    let (mut state, _answers) = one_queued();
+    // Worker 0's forward of seven, taken while the pool was saturated, just answered: their clients
+    // are about to send again.
+    state.saturated_forwards.insert(0);
+    state.answered(0, 7, Instant::now());
+    assert_eq!(take(&mut state), None, "held for the seven");
+    let left = state.batch_wait_left(all, Duration::ZERO).expect("a job waits");
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_micros(8_400),
+        "{left:?}"
+    );
+    // They come back: the held job starts with them, not alone.
+    let _more = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 7]);
+    let jobs = take(&mut state).expect("a batch");
+    assert!(jobs > 1, "{jobs} jobs");
+    assert_eq!(state.hold_until, None, "the hold ended with the forward");
+    assert!(state.saturated_forwards.contains(&0), "taken while saturated");
+
+    // The hold is over (the answer was 9 ms ago): the lone job starts alone.
+    let (mut state, _answers) = one_queued();
+    state.saturated_forwards.insert(0);
+    state.answered(0, 7, Instant::now().checked_sub(9 * MS).expect("9 ms after boot"));
+    assert_eq!(take(&mut state), Some(1));
+    // A forward of one job answered: nobody else is coming back.
+    let (mut state, _answers) = one_queued();
+    state.saturated_forwards.insert(0);
+    state.answered(0, 1, Instant::now());
+    assert_eq!(take(&mut state), Some(1));
+    // A forward taken while the pool was not saturated: its jobs' clients are not counted on.
+    let (mut state, _answers) = one_queued();
+    state.answered(0, 7, Instant::now());
+    assert_eq!(take(&mut state), Some(1));
+    arrived_long_ago(&mut state);
+    let _again = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 1]);
+    arrived_long_ago(&mut state);
+    assert_eq!(take(&mut state), Some(1));
+    assert!(!state.saturated_forwards.contains(&0), "taken while not saturated");
+}
