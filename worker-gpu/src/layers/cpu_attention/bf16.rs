@@ -56,26 +56,7 @@ impl AttentionOp<'_> {
             let (panel, lane) = (t / nr, t % nr);
             kernel.pair_words(rotated, &mut keys[panel * head_pairs * nr + lane..], nr);
         }
-        // Values two positions at a time: per value panel, per pair of positions, the words of its
-        // `nr` dimensions. The position past an odd `n` and the dimensions past `hd` are zero, so
-        // that a zero probability never meets a stale value (0 · ∞ would be NaN).
-        let value = |t: usize| {
-            let at = (row * self.len + t) * 3 * d + 2 * d + head * hd;
-            &qkv[at..at + hd]
-        };
-        for pair in 0..key_pairs {
-            let (low, high) = (
-                value(2 * pair),
-                if 2 * pair + 1 < n { value(2 * pair + 1) } else { &[] },
-            );
-            for panel in 0..value_panels {
-                let columns = panel * nr..((panel + 1) * nr).min(hd);
-                let words = &mut values[(panel * key_pairs + pair) * nr..][..nr];
-                let (real, past) = words.split_at_mut(columns.len());
-                kernel.interleaved_words(&low[columns.clone()], high.get(columns).unwrap_or(&[]), real);
-                past.fill(0);
-            }
-        }
+        self.value_words(kernel, qkv, row, head, key_pairs, values);
         for first in (0..n).step_by(MAX_ROWS) {
             let rows = MAX_ROWS.min(n - first);
             let (lo, hi) = self.tile_keys(first, rows, n);
@@ -117,13 +98,58 @@ impl AttentionOp<'_> {
                 out: &mut out[first * stride..],
                 stride,
             });
-            for (r, sum) in sums.iter().enumerate().take(rows) {
-                let inv = 1.0 / sum;
-                for v in &mut out[(first + r) * stride..(first + r) * stride + hd] {
-                    *v *= inv;
-                }
-            }
+            divide_by_sums(&mut out[first * stride..], &sums[..rows], stride, hd);
         }
         self.write_head(target, row, head, out, value_panels * nr);
+    }
+
+    /// The values of `row`'s `head` as pair words for p·v, two positions a word: per value panel,
+    /// `pairs` (at least the row's) pairs of positions, each the words of the panel's `nr`
+    /// dimensions. The position past an odd length, the pairs past the row's and the dimensions
+    /// past `hd` are zero, so that a zero probability never meets a stale value (0 · ∞ would be
+    /// NaN).
+    pub(super) fn value_words(
+        &self,
+        kernel: RowsKernel,
+        qkv: &[f32],
+        row: usize,
+        head: usize,
+        pairs: usize,
+        values: &mut [u32],
+    ) {
+        let (hd, n) = (self.head_dim, self.lengths[row]);
+        let (d, nr) = (self.heads * hd, PANEL_COLUMNS);
+        let (key_pairs, value_panels) = (n.div_ceil(2), hd.div_ceil(nr));
+        let value = |t: usize| {
+            let at = (row * self.len + t) * 3 * d + 2 * d + head * hd;
+            &qkv[at..at + hd]
+        };
+        for pair in 0..key_pairs {
+            let (low, high) = (
+                value(2 * pair),
+                if 2 * pair + 1 < n { value(2 * pair + 1) } else { &[] },
+            );
+            for panel in 0..value_panels {
+                let columns = panel * nr..((panel + 1) * nr).min(hd);
+                let words = &mut values[(panel * pairs + pair) * nr..][..nr];
+                let (real, past) = words.split_at_mut(columns.len());
+                kernel.interleaved_words(&low[columns.clone()], high.get(columns).unwrap_or(&[]), real);
+                past.fill(0);
+            }
+        }
+        for panel in 0..value_panels {
+            values[(panel * pairs + key_pairs) * nr..(panel + 1) * pairs * nr].fill(0);
+        }
+    }
+}
+
+/// Each of the rows of `out` (`stride` apart, as many as `sums`) divided by its exponentials' sum:
+/// its `hd` attended values.
+pub(super) fn divide_by_sums(out: &mut [f32], sums: &[f32], stride: usize, hd: usize) {
+    for (r, sum) in sums.iter().enumerate() {
+        let inv = 1.0 / sum;
+        for v in &mut out[r * stride..r * stride + hd] {
+            *v *= inv;
+        }
     }
 }

@@ -16,10 +16,14 @@ use layad_cpu_kernels::amx::{Bf16Words, PANEL_COLUMNS, TILE_ROWS, TILE_WORDS, Ti
 use layad_cpu_kernels::bf16::{RowTiles, RowsKernel};
 use pulp::Simd;
 
+use super::bf16::divide_by_sums;
 use super::{AttentionOp, HeadScratch, HeadTask, exponentials, first_values};
 
 /// Query rows of one block: the tile driver's two row tiles.
 const BLOCK: usize = 2 * TILE_ROWS;
+
+// The value panels `bf16.rs` builds are the tiles' panels.
+const _: () = assert!(PANEL_COLUMNS == layad_cpu_kernels::bf16::PANEL_COLUMNS);
 
 impl AttentionOp<'_> {
     /// As [`AttentionOp::head_bf16`], with the products on `tiles`; `kernel` rounds to bf16.
@@ -35,7 +39,6 @@ impl AttentionOp<'_> {
         let padded = key_panels * nr;
         // Key pairs of whole panels: 16 words, one tile's depth, a panel.
         let key_words = padded / 2;
-        let key_pairs = n.div_ceil(2);
         let value_panels = hd.div_ceil(nr);
         let (q_stride, p_stride) = (row_stride(head_words), row_stride(key_words));
         let HeadScratch {
@@ -65,28 +68,8 @@ impl AttentionOp<'_> {
             let (panel, lane) = (t / nr, t % nr);
             kernel.pair_words(rotated, &mut keys[panel * head_words * nr + lane..], nr);
         }
-        // Values two positions a word, per value panel; zero past `n` (the odd position and the
-        // pairs up to the panels' end) and past `hd`.
-        let value = |t: usize| {
-            let at = (row * self.len + t) * 3 * d + 2 * d + head * hd;
-            &qkv[at..at + hd]
-        };
-        for panel in 0..value_panels {
-            let columns = panel * nr..((panel + 1) * nr).min(hd);
-            let panel_words = &mut values[panel * key_words * nr..(panel + 1) * key_words * nr];
-            let (real, past) = panel_words.split_at_mut(key_pairs * nr);
-            past.fill(0);
-            for (pair, words) in real.chunks_exact_mut(nr).enumerate() {
-                let high = if 2 * pair + 1 < n {
-                    &value(2 * pair + 1)[columns.clone()]
-                } else {
-                    &[]
-                };
-                let (used, unused) = words.split_at_mut(columns.len());
-                kernel.interleaved_words(&value(2 * pair)[columns.clone()], high, used);
-                unused.fill(0);
-            }
-        }
+        // The values for p·v over whole panels of keys: zero past `n`.
+        self.value_words(kernel, qkv, row, head, key_words, values);
         let stride = value_panels * nr;
         for first in (0..n).step_by(BLOCK) {
             let rows = BLOCK.min(n - first);
@@ -127,12 +110,7 @@ impl AttentionOp<'_> {
                     stride,
                 });
             }
-            for (r, sum) in sums.iter().enumerate().take(rows) {
-                let inv = 1.0 / sum;
-                for v in &mut out[(first + r) * stride..(first + r) * stride + hd] {
-                    *v *= inv;
-                }
-            }
+            divide_by_sums(&mut out[first * stride..], &sums[..rows], stride, hd);
         }
         self.write_head(target, row, head, out, stride);
     }
