@@ -122,8 +122,6 @@ pub struct State {
     /// When the last of those forwards answered, and how many jobs: their clients may be about to
     /// send their next ones (`batching::return_hold`).
     answered: Option<(Instant, usize)>,
-    /// Until when [`State::take_batch`] holds the next forward for them.
-    hold_until: Option<Instant>,
     /// The jobs queued here over the last [`LOAD_WINDOW`] or so: when, and their expected time alone.
     arrivals: VecDeque<(Instant, Duration)>,
     /// The next arrival number.
@@ -385,19 +383,11 @@ impl State {
         if may_grow && head.enqueued.elapsed() < batch_wait {
             return None;
         }
-        self.hold_until = None;
-        if may_grow {
-            let queued = self
-                .queue
-                .iter()
-                .filter(|q| checkpoints.contains(&q.job.checkpoint))
-                .count();
-            if let Some(until) = return_hold(self.answered, queued, head.estimate)
-                && now < until
-            {
-                self.hold_until = Some(until);
-                return None;
-            }
+        if may_grow
+            && let Some(until) = return_hold(self.answered, self.queued_for(checkpoints), head.estimate)
+            && now < until
+        {
+            return None;
         }
         self.saturated_forwards.remove(&worker);
         if saturated {
@@ -473,13 +463,18 @@ impl State {
     /// How long until the first job for `checkpoints` has waited `batch_wait`, or until a hold for
     /// returning clients ends (when a worker should look again), if one waits.
     pub fn batch_wait_left(&self, checkpoints: &[CheckpointName], batch_wait: Duration) -> Option<Duration> {
-        let hold = self
-            .hold_until
+        let head = self.queue.iter().find(|q| checkpoints.contains(&q.job.checkpoint))?;
+        let hold = return_hold(self.answered, self.queued_for(checkpoints), head.estimate)
             .map_or(Duration::ZERO, |until| until.saturating_duration_since(Instant::now()));
+        Some(batch_wait.saturating_sub(head.enqueued.elapsed()).max(hold))
+    }
+
+    /// Queued jobs a worker serving `checkpoints` could take.
+    fn queued_for(&self, checkpoints: &[CheckpointName]) -> usize {
         self.queue
             .iter()
-            .find(|q| checkpoints.contains(&q.job.checkpoint))
-            .map(|q| batch_wait.saturating_sub(q.enqueued.elapsed()).max(hold))
+            .filter(|q| checkpoints.contains(&q.job.checkpoint))
+            .count()
     }
 
     /// Puts `entries` back in the queue at their places in service order (a worker lost them, or
