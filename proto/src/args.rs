@@ -74,6 +74,31 @@ pub fn parse_checkpoint(text: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// Where a worker keeps files it can remake (`name`: `gate`, `ane`): `$CACHE_DIRECTORY/name` under a
+/// systemd unit with `CacheDirectory=` (the service's own, writable where its home is not), else
+/// `~/Library/Caches/layad/name` on macOS, `$XDG_CACHE_HOME/layad/name` or `~/.cache/layad/name`
+/// elsewhere, else the temporary directory's `layad/name`.
+pub fn user_cache_dir(name: &str) -> PathBuf {
+    user_cache_dir_from(name, |var| std::env::var_os(var))
+}
+
+fn user_cache_dir_from(name: &str, var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let var = |key: &str| var(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    // systemd may list several directories, colon-separated: the first is the unit's first.
+    if let Some(service) = var("CACHE_DIRECTORY").and_then(|dirs| {
+        let dirs = dirs.to_string_lossy().into_owned();
+        dirs.split(':').next().filter(|d| !d.is_empty()).map(PathBuf::from)
+    }) {
+        return service.join(name);
+    }
+    let base = if cfg!(target_os = "macos") {
+        var("HOME").map(|home| home.join("Library/Caches"))
+    } else {
+        var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|home| home.join(".cache")))
+    };
+    base.unwrap_or_else(std::env::temp_dir).join("layad").join(name)
+}
+
 impl WorkerArgs {
     /// These flags as a command line (defaults left out only where absent means something).
     pub fn to_args(&self) -> Vec<OsString> {
@@ -113,6 +138,31 @@ impl WorkerArgs {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn the_cache_directory_is_the_services_then_the_users() {
+        let from = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, OsString)> =
+                vars.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
+            user_cache_dir_from("gate", move |key| {
+                vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+            })
+        };
+        let service = [
+            ("CACHE_DIRECTORY", "/var/cache/layad:/var/cache/other"),
+            ("HOME", "/home/u"),
+        ];
+        assert_eq!(from(&service), PathBuf::from("/var/cache/layad/gate"));
+        if !cfg!(target_os = "macos") {
+            let xdg = [("XDG_CACHE_HOME", "/x"), ("HOME", "/home/u")];
+            assert_eq!(from(&xdg), PathBuf::from("/x/layad/gate"));
+            assert_eq!(
+                from(&[("XDG_CACHE_HOME", ""), ("HOME", "/home/u")]),
+                PathBuf::from("/home/u/.cache/layad/gate")
+            );
+        }
+        assert_eq!(from(&[]), std::env::temp_dir().join("layad/gate"));
+    }
 
     #[derive(Debug, Parser)]
     struct Worker {

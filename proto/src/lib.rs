@@ -26,7 +26,7 @@ pub mod pb;
 pub mod rows;
 mod warmup;
 
-pub use args::WorkerArgs;
+pub use args::{WorkerArgs, user_cache_dir};
 pub use client::{ClientError, ForwardResult, SpawnedWorker, WorkerClient};
 pub use engine::{
     CheckedForward, Engine, EngineError, EngineFacts, EngineInfo, GpuInfo, LoadedCheckpoint, ParityReport,

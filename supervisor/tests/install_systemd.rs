@@ -112,6 +112,7 @@ fn the_system_unit_is_hardened_and_can_write_only_the_cache() {
         ("ProtectKernelTunables", "yes"),
         ("RestrictSUIDSGID", "yes"),
         ("CapabilityBoundingSet", ""),
+        ("CacheDirectory", "layad"),
     ] {
         assert_eq!(value(&d, "Service", key), [expected], "{key}");
     }

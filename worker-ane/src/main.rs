@@ -9,7 +9,7 @@ use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
+use layad_proto::{EXIT_CONFIG_REFUSED, EXIT_DEVICE_UNAVAILABLE, WorkerArgs, user_cache_dir};
 use worker_ane::{AneEngine, AneError, AneOptions, ExecutorKind};
 use worker_gpu::Precision;
 use worker_gpu::macos::MacosVersion;
@@ -67,17 +67,6 @@ fn check_device_and_dtype(common: &WorkerArgs) {
     }
 }
 
-/// `~/Library/Caches/layad/ane` on macOS, `$XDG_CACHE_HOME/layad/ane` or `~/.cache/layad/ane` elsewhere.
-fn default_cache_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let base = if cfg!(target_os = "macos") {
-        var("HOME").map(|home| home.join("Library/Caches"))
-    } else {
-        var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|home| home.join(".cache")))
-    };
-    base.unwrap_or_else(std::env::temp_dir).join("layad").join("ane")
-}
-
 /// `EXIT_DEVICE_UNAVAILABLE` or `EXIT_CONFIG_REFUSED` (the supervisor does not restart either),
 /// else 1.
 fn exit_status(error: &AneError) -> u8 {
@@ -118,7 +107,7 @@ fn main() -> ExitCode {
         buckets: (!common.length_buckets.is_empty()).then(|| common.length_buckets.clone()),
         threads: common.threads,
         max_batch_tokens: common.max_batch_tokens,
-        cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
+        cache_dir: args.cache_dir.clone().unwrap_or_else(|| user_cache_dir("ane")),
     };
     // Refused before the harness starts, with the exit status that tells the supervisor whether a
     // restart could help.

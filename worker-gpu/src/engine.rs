@@ -1,6 +1,8 @@
 //! `CandleEngine`: the worker's [`Engine`] — several named checkpoints loaded on one device in one
 //! precision, each request checked against the row contract before it reaches the model.
 
+use std::path::PathBuf;
+
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
 use layad_cpu_kernels::CpuKernels;
@@ -16,6 +18,7 @@ use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
 use crate::model::LayaModel;
+use crate::reference_cache::ReferenceCache;
 
 /// How the engine is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +49,9 @@ pub struct EngineOptions {
     /// Fixed row lengths, increasing: every batch is padded to the smallest that holds its longest
     /// row (as a fixed-shape engine would be); longer rows are refused. Empty: pad to the longest.
     pub length_buckets: Vec<u32>,
+    /// Where the parity gate keeps its float32 reference between starts ([`ReferenceCache`]);
+    /// `None`: computed at every start.
+    pub gate_cache: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -59,6 +65,7 @@ impl Default for EngineOptions {
             max_rows: DEFAULT_MAX_ROWS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             length_buckets: Vec::new(),
+            gate_cache: None,
         }
     }
 }
@@ -160,6 +167,7 @@ impl CandleEngine {
             && matches!(cpu_kernels, Some(CpuKernels::Avx512 | CpuKernels::Amx))
             && layad_cpu_kernels::bf16::available();
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
+        let gate_cache = options.gate_cache.clone().map(ReferenceCache::new);
         let mut models = Vec::with_capacity(opened.len());
         let mut parity = Vec::new();
         for (name, mut checkpoint) in opened {
@@ -174,16 +182,21 @@ impl CandleEngine {
                         &checkpoint,
                         &mut model,
                         options.int8_activations,
+                        gate_cache.as_ref(),
                     )?),
-                    Precision::Bf16 if bf16_kernels => {
-                        Some(gate::bf16_kernels_behind_gate(name, &checkpoint, &mut model)?)
-                    }
+                    Precision::Bf16 if bf16_kernels => Some(gate::bf16_kernels_behind_gate(
+                        name,
+                        &checkpoint,
+                        &mut model,
+                        gate_cache.as_ref(),
+                    )?),
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
                         &checkpoint,
                         &model,
                         precision,
                         &device.label(),
+                        gate_cache.as_ref(),
                     )?),
                     Precision::F32 => None,
                 };

@@ -9,6 +9,10 @@
 //! int8 with the VNNI kernel may try several activation quantizations in turn (the configured one,
 //! or [`DEFAULT_ACTIVATIONS`]): the first the gate passes is served, and the report's executor names
 //! it and any refused before it.
+//!
+//! The float32 reference of a start is kept in a [`ReferenceCache`] when the engine has one, and
+//! read back by the next start on the same executable, weights and rows: only the reduced
+//! precision's rows run again.
 
 use candle_core::{DType, Device};
 use laya::checkpoint::Checkpoint;
@@ -16,6 +20,7 @@ use laya::prompt::{RowLimits, build_rows};
 use laya::question::parse_questions;
 use laya::request::{RequestLimits, parse_body};
 use laya::upstream::Upstream;
+use layad_cpu_kernels::CpuKernels;
 use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{ParityReport, Row, RowOutput};
 
@@ -23,6 +28,7 @@ use crate::device::Precision;
 use crate::error::LoadError;
 use crate::model::LayaModel;
 use crate::parity::{self, GateSummary};
+use crate::reference_cache::{ReferenceCache, ReferenceSetup};
 
 /// What the gate runs: every question type, two to six options, states from a sentence to a few
 /// hundred tokens (a JSON conversation, truncated from the left like upstream). Each request is one
@@ -103,12 +109,13 @@ pub fn quantize_behind_gate(
     checkpoint: &Checkpoint,
     model: &mut LayaModel,
     activations: Option<Int8Activations>,
+    cache: Option<&ReferenceCache>,
 ) -> Result<ParityReport, LoadError> {
     let choices: &[Int8Activations] = match &activations {
         Some(chosen) => std::slice::from_ref(chosen),
         None => &DEFAULT_ACTIVATIONS,
     };
-    quantize_behind_gate_trying(name, checkpoint, model, choices)
+    quantize_behind_gate_trying(name, checkpoint, model, choices, cache)
 }
 
 /// [`quantize_behind_gate`] trying the VNNI kernel's `choices` in turn: the first the gate passes
@@ -121,11 +128,14 @@ pub fn quantize_behind_gate_trying(
     checkpoint: &Checkpoint,
     model: &mut LayaModel,
     choices: &[Int8Activations],
+    cache: Option<&ReferenceCache>,
 ) -> Result<ParityReport, LoadError> {
     let refuse = refusal(name, Precision::Int8);
     let started = std::time::Instant::now();
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let reference = run(model, &batches, "float32", &refuse)?;
+    let reference = float32_reference(name, cache, model.cpu_reference_setup(), &batches, || {
+        run(model, &batches, "float32", &refuse)
+    })?;
     let reference_ms = started.elapsed().as_secs_f64() * 1e3;
     model
         .quantize_encoder()
@@ -135,7 +145,7 @@ pub fn quantize_behind_gate_trying(
         checkpoint = name,
         reference_ms,
         quantize_ms,
-        "int8 gate: float32 rows run, encoder quantized"
+        "int8 gate: float32 reference ready, encoder quantized"
     );
     let choices = if model.int8_activations().is_some() {
         choices
@@ -211,10 +221,13 @@ pub fn bf16_kernels_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
     model: &mut LayaModel,
+    cache: Option<&ReferenceCache>,
 ) -> Result<ParityReport, LoadError> {
     let refuse = refusal(name, Precision::Bf16);
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let reference = run(model, &batches, "float32", &refuse)?;
+    let reference = float32_reference(name, cache, model.cpu_reference_setup(), &batches, || {
+        run(model, &batches, "float32", &refuse)
+    })?;
     model
         .bf16_encoder()
         .map_err(|e| refuse(format!("rounding the encoder to bf16: {e}")))?;
@@ -233,23 +246,31 @@ pub fn bf16_kernels_behind_gate(
 /// Runs the gate on `model`, loaded in f16 or bf16 on `device_label` (`cpu`, `cuda:0`, `metal`),
 /// against the same checkpoint loaded in float32 on the CPU (the forward that matches upstream's
 /// goldens within 1e-4). On success the report says how close it came; otherwise the checkpoint is
-/// refused with the numbers. The reference model is dropped before this returns.
+/// refused with the numbers. The reference model is dropped before this returns, and not loaded
+/// at all when `cache` holds its outputs.
 pub fn half_precision_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
     model: &LayaModel,
     precision: Precision,
     device_label: &str,
+    cache: Option<&ReferenceCache>,
 ) -> Result<ParityReport, LoadError> {
     let refuse = refusal(name, precision);
     if !matches!(precision, Precision::F16 | Precision::Bf16) {
         return Err(refuse(format!("{precision} is not a half precision")));
     }
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let reference = {
-        let f32_model = LayaModel::load(name, checkpoint, &Device::Cpu, DType::F32)?;
-        run(&f32_model, &batches, "float32", &refuse)?
+    // The reference model is packed for the best kernels this CPU has, as `LayaModel::load` does.
+    let setup = ReferenceSetup {
+        weights_sha256: &model.weights_sha256,
+        kernels: CpuKernels::detect(),
+        threads: rayon::current_num_threads(),
     };
+    let reference = float32_reference(name, cache, setup, &batches, || {
+        let f32_model = LayaModel::load(name, checkpoint, &Device::Cpu, DType::F32)?;
+        run(&f32_model, &batches, "float32", &refuse)
+    })?;
     let ours = run(model, &batches, precision.as_str(), &refuse)?;
     judge(
         name,
@@ -260,6 +281,35 @@ pub fn half_precision_behind_gate(
         &reference,
         &ours,
     )
+}
+
+/// The float32 outputs of `batches` run with `setup`: read from `cache` where it keeps them,
+/// else computed by `compute` and kept there (a failed write is logged, the start goes on).
+fn float32_reference(
+    name: &str,
+    cache: Option<&ReferenceCache>,
+    setup: ReferenceSetup<'_>,
+    batches: &[Vec<Row>],
+    compute: impl FnOnce() -> Result<Vec<RowOutput>, LoadError>,
+) -> Result<Vec<RowOutput>, LoadError> {
+    let Some((cache, key)) = cache.and_then(|cache| Some((cache, ReferenceCache::key(setup, batches)?))) else {
+        return compute();
+    };
+    if let Some(kept) = cache.load(&key, batches) {
+        tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
+        return Ok(kept);
+    }
+    let outputs = compute()?;
+    match cache.store(&key, &outputs) {
+        Ok(()) => tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference kept"),
+        Err(error) => tracing::warn!(
+            checkpoint = name,
+            dir = %cache.dir().display(),
+            %error,
+            "gate: float32 reference not kept; the next start computes it again (XDG_CACHE_HOME or the worker's --gate-cache name another directory)"
+        ),
+    }
+    Ok(outputs)
 }
 
 /// How a failed step of the gate refuses the checkpoint.

@@ -14,7 +14,8 @@
 //!   sliding-window rows).
 //! - [`cuda`]: CUDA math settings (TF32 off) and the device's name, memory and compute capability.
 //! - [`parity`]: the parity gate's rule (shared with the Neural Engine worker); [`gate`]: the
-//!   gate every checkpoint passes at load before it is served in `int8`, `f16` or `bf16`.
+//!   gate every checkpoint passes at load before it is served in `int8`, `f16` or `bf16`;
+//!   [`reference_cache`]: its float32 reference outputs kept on disk between starts.
 //! - `weights`: strict reading of `model.safetensors`; [`error`]: [`LoadError`].
 //!
 //! Verified on x86-64 Linux CPUs only (f32, f16, bf16 against upstream's goldens). The Metal path
@@ -32,6 +33,7 @@ mod layers;
 pub mod macos;
 pub mod model;
 pub mod parity;
+pub mod reference_cache;
 mod weights;
 
 pub use device::{DeviceRequest, Precision, SelectedDevice};
@@ -40,3 +42,4 @@ pub use error::LoadError;
 pub use layad_cpu_kernels::CpuKernels;
 pub use layad_cpu_kernels::int8::Int8Activations;
 pub use model::LayaModel;
+pub use reference_cache::ReferenceCache;

@@ -1,6 +1,7 @@
 //! `layad-worker-gpu`: one worker process serving Laya checkpoints with the candle engine on one device
 //! (CPU, Metal or CUDA) behind the worker protocol; the harness in `layad_proto` does the rest.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
@@ -8,7 +9,7 @@ use clap::{CommandFactory, Parser};
 use laya::checkpoint::Location;
 use layad_proto::harness::{self, HarnessError, HarnessOptions, LoadError};
 use layad_proto::logging::init_logging;
-use layad_proto::{EXIT_DEVICE_UNAVAILABLE, WorkerArgs};
+use layad_proto::{EXIT_DEVICE_UNAVAILABLE, WorkerArgs, user_cache_dir};
 use worker_gpu::{CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, Precision};
 
 /// Serves Laya checkpoints over the layad worker protocol (gRPC on a Unix socket). Binds the socket
@@ -39,6 +40,25 @@ struct Args {
     /// the CPU and reporting the mismatch in Describe.
     #[arg(long)]
     require_device: bool,
+
+    /// Where the parity gate keeps its float32 reference outputs between starts (int8, bf16, f16),
+    /// named by a hash of this executable, the weights, the kernels and the gate's rows, so that a
+    /// start on the same files runs only the reduced precision's rows; `off`: computed at every
+    /// start. Default: the service's or the user's cache directory, `layad/gate`.
+    #[arg(long, value_name = "DIR|off", value_parser = parse_gate_cache)]
+    gate_cache: Option<GateCache>,
+}
+
+/// `--gate-cache`: a directory, or `off`.
+#[derive(Clone, Debug)]
+struct GateCache(Option<PathBuf>);
+
+fn parse_gate_cache(text: &str) -> Result<GateCache, String> {
+    match text.trim() {
+        "" => Err("expected a directory or 'off'".to_owned()),
+        "off" => Ok(GateCache(None)),
+        dir => Ok(GateCache(Some(PathBuf::from(dir)))),
+    }
 }
 
 /// `--cpu-kernels`: `auto` leaves the choice to the engine.
@@ -106,6 +126,10 @@ fn main() -> ExitCode {
         max_rows: common.max_rows,
         max_batch_tokens: common.max_batch_tokens,
         length_buckets: common.length_buckets.clone(),
+        gate_cache: match &args.gate_cache {
+            Some(GateCache(dir)) => dir.clone(),
+            None => Some(user_cache_dir("gate")),
+        },
     };
     let require_device = args.require_device;
     let load = move || -> Result<CandleEngine, LoadError> {

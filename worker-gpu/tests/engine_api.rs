@@ -25,6 +25,7 @@ fn options() -> EngineOptions {
         max_rows: 4,
         max_batch_tokens: 100,
         length_buckets: Vec::new(),
+        gate_cache: None,
     }
 }
 

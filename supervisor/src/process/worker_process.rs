@@ -18,7 +18,9 @@ use nix::unistd::Pid;
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
 /// Variables a worker keeps: what the C library, the dynamic loader, logging and the worker binaries
-/// themselves read (`HOME` and `XDG_CACHE_HOME` place the Neural Engine worker's compiled models).
+/// themselves read (`CACHE_DIRECTORY` — a systemd unit's `CacheDirectory=` —, `HOME` and
+/// `XDG_CACHE_HOME` place the parity gate's kept reference and the Neural Engine worker's compiled
+/// models: `layad_proto::user_cache_dir`).
 pub const INHERITED_ENV: &[&str] = &[
     "PATH",
     "HOME",
@@ -28,6 +30,7 @@ pub const INHERITED_ENV: &[&str] = &[
     "TZ",
     "TMPDIR",
     "XDG_CACHE_HOME",
+    "CACHE_DIRECTORY",
     "RUST_LOG",
     "RUST_BACKTRACE",
     "RUST_LIB_BACKTRACE",

@@ -278,6 +278,8 @@ impl ModelRun<'_> {
                 max_rows: 64,
                 max_batch_tokens: 1 << 20,
                 length_buckets: Vec::new(),
+                // Every load runs its gate whole, as the load-time figures always have.
+                gate_cache: None,
             };
             let mut engine = CandleEngine::load(&[(spec.name.to_owned(), Location::directory(&self.dir))], options)
                 .map_err(|e| e.to_string())?;
