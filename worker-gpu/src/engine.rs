@@ -239,6 +239,10 @@ impl CandleEngine {
                 model,
             });
         }
+        // What the load freed on the pool's threads (the float32 weights int8 and bf16 replaced,
+        // packing's copies) is handed back now rather than held for the worker's life.
+        let released = crate::memory::release_freed_memory();
+        tracing::debug!(released, "memory freed by the load handed back");
         Ok(Self {
             device,
             precision,

@@ -8,6 +8,7 @@
 //! - [`device`]: device requests and fallback (Metal discovery behind [`device::MetalHost`]),
 //!   precision, the per-process CPU thread pool.
 //! - [`macos`]: the running macOS version and [`macos::MIN_MACOS`], checked before Metal or Core ML.
+//! - [`memory`]: the memory a load freed, handed back to the system.
 //! - [`model`]: one checkpoint as a candle model ([`LayaModel`]): `modernbert` (encoder),
 //!   `decision_head` (head layers, scorer, act head), `batch` (right-padded rows).
 //! - `layers`: linear, LayerNorm, RoPE tables and attention with cached masks (banded for long
@@ -31,6 +32,7 @@ pub mod error;
 pub mod gate;
 mod layers;
 pub mod macos;
+pub mod memory;
 pub mod model;
 pub mod parity;
 pub mod reference_cache;
