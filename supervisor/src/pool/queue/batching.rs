@@ -1,7 +1,7 @@
 //! Who joins a batch: the rule for a queue that drains ([`joins_batch`]: a job joins while it
 //! saves the jobs queued behind it more than it delays the batch's members), the rule for a
 //! saturated pool ([`throughput_size`]: the batch that does the most work per second of device
-//! time) and its hold for the clients it just answered ([`return_hold`]), with the limits every
+//! time) and its hold for the clients it just answered ([`Returns`]), with the limits every
 //! batch keeps (rows, tokens, padding). Plain functions of the pool's estimates;
 //! `State::batch_members` and `State::take_batch` apply them to the queue.
 
@@ -29,7 +29,7 @@ const MIN_GAIN: f64 = 0.05;
 const RATE_TOLERANCE: f64 = 0.02;
 
 /// Longest a pool holds its next forward for the clients of a saturated forward it just answered
-/// ([`return_hold`]), and the most of the held job's expected time: a closed-loop client sends its
+/// ([`Returns::hold`]), and the most of the held job's expected time: a closed-loop client sends its
 /// next request a few milliseconds after its answer. Without the hold, 8 such clients on a 2-vCPU
 /// Zen 4 ran forwards of 7 rows and of 1 in turn: the eighth request, sent during a 7-row forward,
 /// started alone the moment it ended, a few milliseconds before the seven others came back
@@ -37,13 +37,62 @@ const RATE_TOLERANCE: f64 = 0.02;
 const RETURN_HOLD_MAX: Duration = Duration::from_millis(10);
 const RETURN_HOLD_SHARE: f64 = 0.1;
 
-/// Until when a pool with `queued` jobs a worker could take holds its next forward, whose first
-/// job takes `alone`, given when its last forward taken while saturated answered and how many jobs
-/// (`answered`): while fewer wait than that forward answered, for as long as [`RETURN_HOLD_MAX`]
-/// and [`RETURN_HOLD_SHARE`] allow after the answer.
-pub(super) fn return_hold(answered: Option<(Instant, usize)>, queued: usize, alone: Duration) -> Option<Instant> {
-    let (at, jobs) = answered?;
-    (queued < jobs).then(|| at + RETURN_HOLD_MAX.min(alone.mul_f64(RETURN_HOLD_SHARE)))
+/// A pool holds for returning clients only while at least this share of its recent saturated
+/// forwards' jobs had a request arrive within [`RETURN_HOLD_MAX`] of their answer: an open-loop
+/// stream at saturation sends ~capacity × 10 ms requests in that time, far fewer than a forward
+/// answers, and is not held for clients that are not coming.
+const RETURNING_MIN: f64 = 0.5;
+/// Weight of the last forward in that running share.
+const RETURNING_WEIGHT: f64 = 0.25;
+
+/// Whether the clients of a saturated pool's forwards come back for more (closed-loop clients send
+/// their next request a few milliseconds after their answer): the last such forward — when it
+/// answered, how many jobs, how many requests arrived within [`RETURN_HOLD_MAX`] after — and the
+/// running share of answered jobs followed by an arrival so.
+#[derive(Debug)]
+pub(super) struct Returns {
+    last: Option<(Instant, usize, usize)>,
+    share: f64,
+}
+
+impl Default for Returns {
+    /// Clients are not counted on until forwards show that they come back: an open-loop burst
+    /// that saturates a pool for a moment is not held for anyone (three forwards whose clients all
+    /// came back lift the share past a half).
+    fn default() -> Self {
+        Self { last: None, share: 0.0 }
+    }
+}
+
+impl Returns {
+    /// A forward taken while the pool was saturated answered `jobs` at `at`.
+    pub(super) fn answered(&mut self, at: Instant, jobs: usize) {
+        if let Some((_, answered, arrived)) = self.last {
+            let returned = arrived.min(answered) as f64 / answered.max(1) as f64;
+            self.share += RETURNING_WEIGHT * (returned - self.share);
+        }
+        self.last = Some((at, jobs, 0));
+    }
+
+    /// A request arrived at `at`.
+    pub(super) fn arrived(&mut self, at: Instant) {
+        if let Some((answer, _, arrived)) = &mut self.last
+            && at.saturating_duration_since(*answer) <= RETURN_HOLD_MAX
+        {
+            *arrived += 1;
+        }
+    }
+
+    /// Until when the pool holds its next forward, whose first job takes `alone`: after the last
+    /// saturated forward answered, while fewer requests have arrived since than it answered (those
+    /// clients' next ones, whatever else waits: the jobs queued during the forward and the
+    /// returning ones start together), for as long as [`RETURN_HOLD_MAX`] and
+    /// [`RETURN_HOLD_SHARE`] allow, where clients have been coming back ([`RETURNING_MIN`]).
+    pub(super) fn hold(&self, alone: Duration) -> Option<Instant> {
+        let (at, jobs, arrived) = self.last?;
+        (arrived < jobs && self.share >= RETURNING_MIN)
+            .then(|| at + RETURN_HOLD_MAX.min(alone.mul_f64(RETURN_HOLD_SHARE)))
+    }
 }
 
 /// Whether a job joins a batch of `members` jobs, given what it adds to the batch's device time

@@ -10,8 +10,9 @@
 //! whose time is still a guess. A saturated pool (more work arriving than its workers could run one
 //! job at a time, [`State::offered_load`]) batches for throughput instead ([`throughput_size`]):
 //! there every job waits behind the ones still to come, and only more work per second of device
-//! time shortens those waits; while fewer jobs wait than its last forward answered, it holds the
-//! next forward a few milliseconds for those clients' next requests. The three rules are in
+//! time shortens those waits; until as many requests arrived as its last forward answered, it holds
+//! the next forward a few milliseconds for those clients' next requests, where clients come back
+//! ([`batching::Returns`]). The three rules are in
 //! [`batching`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -29,7 +30,7 @@ use crate::status::{RouteCounts, WorkerStatus};
 
 mod batching;
 
-use batching::{Growing, return_hold, throughput_members};
+use batching::{Growing, Returns, throughput_members};
 pub use batching::{Prefix, SATURATED, joins_batch, throughput_size};
 
 /// Longest gap between two probes of a slowed pool, however long its estimate: the estimate may be
@@ -119,9 +120,9 @@ pub struct State {
     pub last_start: Option<Instant>,
     /// The workers whose running forward was taken while the pool was saturated.
     saturated_forwards: BTreeSet<usize>,
-    /// When the last of those forwards answered, and how many jobs: their clients may be about to
-    /// send their next ones (`batching::return_hold`).
-    answered: Option<(Instant, usize)>,
+    /// Those forwards' answers and the requests that followed: their clients may be about to send
+    /// their next ones.
+    returns: Returns,
     /// The jobs queued here over the last [`LOAD_WINDOW`] or so: when, and their expected time alone.
     arrivals: VecDeque<(Instant, Duration)>,
     /// The next arrival number.
@@ -169,6 +170,7 @@ impl State {
             self.arrivals.pop_front();
         }
         self.arrivals.push_back((enqueued, estimate));
+        self.returns.arrived(enqueued);
         let priority = policy.priority(enqueued, estimate, job.deadline);
         self.next_seq += 1;
         self.insert(Entry {
@@ -384,7 +386,7 @@ impl State {
             return None;
         }
         if may_grow
-            && let Some(until) = return_hold(self.answered, self.queued_for(checkpoints), head.estimate)
+            && let Some(until) = self.returns.hold(head.estimate)
             && now < until
         {
             return None;
@@ -456,7 +458,7 @@ impl State {
     /// every ~0.57 s on a 2-vCPU Zen 4 swung it between 0.7 and 1.3).
     pub fn answered(&mut self, worker: usize, jobs: usize, at: Instant) {
         if self.saturated_forwards.remove(&worker) {
-            self.answered = Some((at, jobs));
+            self.returns.answered(at, jobs);
         }
     }
 
@@ -464,17 +466,11 @@ impl State {
     /// returning clients ends (when a worker should look again), if one waits.
     pub fn batch_wait_left(&self, checkpoints: &[CheckpointName], batch_wait: Duration) -> Option<Duration> {
         let head = self.queue.iter().find(|q| checkpoints.contains(&q.job.checkpoint))?;
-        let hold = return_hold(self.answered, self.queued_for(checkpoints), head.estimate)
+        let hold = self
+            .returns
+            .hold(head.estimate)
             .map_or(Duration::ZERO, |until| until.saturating_duration_since(Instant::now()));
         Some(batch_wait.saturating_sub(head.enqueued.elapsed()).max(hold))
-    }
-
-    /// Queued jobs a worker serving `checkpoints` could take.
-    fn queued_for(&self, checkpoints: &[CheckpointName]) -> usize {
-        self.queue
-            .iter()
-            .filter(|q| checkpoints.contains(&q.job.checkpoint))
-            .count()
     }
 
     /// Puts `entries` back in the queue at their places in service order (a worker lost them, or

@@ -711,37 +711,57 @@ fn a_pool_whose_estimate_says_minutes_is_probed_every_few_seconds_and_recovers()
     assert_eq!(state.model.estimate(ENGLISH, shape), normal);
 }
 
+/// A pool of one worker, 20 ms a forward + 1 ms a token (a 64-token row alone 84 ms, so a hold is
+/// at most 8.4 ms), every batch size measured, saturated (twelve 64-token jobs arrived within the
+/// second: 1.01 s of work alone), one job still queued.
+fn saturated_with_one_queued() -> (State, Vec<Answer>) {
+    let mut state = state_with_overhead(20.0, 1.0, 1);
+    for rows in [1, 2, 4, 8] {
+        measure(&mut state, rows);
+    }
+    let answers = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 12]);
+    state.queue.truncate(1);
+    (state, answers)
+}
+
+/// Three saturated forwards of one whose clients each came back within the hold's reach: the pool
+/// now counts on its clients returning.
+fn clients_came_back(state: &mut State) {
+    for _ in 0..3 {
+        state.returns.answered(Instant::now(), 1);
+        state.returns.arrived(Instant::now());
+    }
+}
+
+/// How many jobs worker 0's next forward takes, `None` while it is held.
+fn take_next(state: &mut State) -> Option<usize> {
+    state
+        .take_batch(0, &CheckpointName::ALL[..], &general(), Duration::ZERO)
+        .map(|b| b.len())
+}
+
 #[test]
 fn a_saturated_pool_holds_its_next_forward_for_the_clients_it_just_answered() {
-    // 20 ms a forward + 1 ms a token: a 64-token row alone 84 ms, so the hold is at most 8.4 ms.
-    let one_queued = || {
-        let mut state = state_with_overhead(20.0, 1.0, 1);
-        for rows in [1, 2, 4, 8] {
-            measure(&mut state, rows);
-        }
-        // Twelve arrived within the second (1.01 s of work alone): saturated. One still waits.
-        let answers = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 12]);
-        state.queue.truncate(1);
-        (state, answers)
-    };
     let all = &CheckpointName::ALL[..];
-    // How many jobs the next forward takes, `None` while it is held.
-    let take = |state: &mut State| state.take_batch(0, all, &general(), Duration::ZERO).map(|b| b.len());
-    let (mut state, _answers) = one_queued();
+    let (mut state, _answers) = saturated_with_one_queued();
+    clients_came_back(&mut state);
     // Worker 0's forward of seven, taken while the pool was saturated, just answered: their clients
     // are about to send again.
     state.saturated_forwards.insert(0);
     state.answered(0, 7, Instant::now());
-    assert_eq!(take(&mut state), None, "held for the seven");
+    assert_eq!(take_next(&mut state), None, "held for the seven");
     let left = state.batch_wait_left(all, Duration::ZERO).expect("a job waits");
     assert!(
         left > Duration::ZERO && left <= Duration::from_micros(8_400),
         "{left:?}"
     );
-    // They come back: the held job starts with them, not alone.
-    let _more = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 7]);
-    let jobs = take(&mut state).expect("a batch");
-    assert!(jobs > 1, "{jobs} jobs");
+    // Six are back: seven wait, as many as were answered, but the seventh client is still coming
+    // (starting now would leave it to a forward of its own, and 5 + 3 or 7 + 1 forever).
+    let _six = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 6]);
+    assert_eq!(take_next(&mut state), None, "held for the seventh");
+    // It comes back: the held job starts with all seven.
+    let _seventh = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 1]);
+    assert_eq!(take_next(&mut state), Some(8));
     assert_eq!(
         state.batch_wait_left(all, Duration::ZERO),
         None,
@@ -750,22 +770,60 @@ fn a_saturated_pool_holds_its_next_forward_for_the_clients_it_just_answered() {
     assert!(state.saturated_forwards.contains(&0), "taken while saturated");
 
     // The hold is over (the answer was 9 ms ago): the lone job starts alone.
-    let (mut state, _answers) = one_queued();
+    let (mut state, _answers) = saturated_with_one_queued();
+    clients_came_back(&mut state);
     state.saturated_forwards.insert(0);
     state.answered(0, 7, Instant::now().checked_sub(9 * MS).expect("9 ms after boot"));
-    assert_eq!(take(&mut state), Some(1));
-    // A forward of one job answered: nobody else is coming back.
-    let (mut state, _answers) = one_queued();
+    assert_eq!(take_next(&mut state), Some(1));
+    // Two clients taking turns: a forward of one answered while the other's job waited. Held for
+    // the one answered, then both start together.
+    let (mut state, _answers) = saturated_with_one_queued();
+    clients_came_back(&mut state);
     state.saturated_forwards.insert(0);
     state.answered(0, 1, Instant::now());
-    assert_eq!(take(&mut state), Some(1));
+    assert_eq!(take_next(&mut state), None, "held for the one answered");
+    let _back = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 1]);
+    assert_eq!(take_next(&mut state), Some(2));
     // A forward taken while the pool was not saturated: its jobs' clients are not counted on.
-    let (mut state, _answers) = one_queued();
+    let (mut state, _answers) = saturated_with_one_queued();
+    clients_came_back(&mut state);
     state.answered(0, 7, Instant::now());
-    assert_eq!(take(&mut state), Some(1));
+    assert_eq!(take_next(&mut state), Some(1));
     arrived_long_ago(&mut state);
     let _again = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 1]);
     arrived_long_ago(&mut state);
-    assert_eq!(take(&mut state), Some(1));
+    assert_eq!(take_next(&mut state), Some(1));
     assert!(!state.saturated_forwards.contains(&0), "taken while not saturated");
+}
+
+#[test]
+fn a_pool_is_held_only_for_clients_that_have_been_coming_back() {
+    let all = &CheckpointName::ALL[..];
+    let (mut state, _answers) = saturated_with_one_queued();
+    // A saturated forward answered, but nothing shows yet that clients come back (an open-loop
+    // burst): the job waiting is not held.
+    state.saturated_forwards.insert(0);
+    state.answered(0, 4, Instant::now());
+    assert_eq!(state.batch_wait_left(all, Duration::ZERO), Some(Duration::ZERO));
+    // Closed-loop clients: each answer is followed by its clients' requests (the share of returning
+    // clients 0 → 0.25 → 0.44 → 0.58); from a half on, the pool holds for them.
+    for held in [false, false, false, true] {
+        state.saturated_forwards.insert(0);
+        state.answered(0, 2, Instant::now());
+        assert_eq!(
+            state.batch_wait_left(all, Duration::ZERO) > Some(Duration::ZERO),
+            held,
+            "{:?}",
+            state.returns
+        );
+        let _back = queue(&mut state, QueueOrder::Arrival, &[(ENGLISH, &[64][..]); 2]);
+        state.queue.truncate(1);
+    }
+    // Open-loop traffic again: forwards of four answered and nothing arrived after any of them
+    // (0.68 → 0.51 → 0.38): the hold stops.
+    for held in [true, true, false] {
+        state.saturated_forwards.insert(0);
+        state.answered(0, 4, Instant::now());
+        assert_eq!(take_next(&mut state).is_none(), held, "{:?}", state.returns);
+    }
 }
