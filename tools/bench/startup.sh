@@ -42,8 +42,12 @@ grep -m1 "model name" /proc/cpuinfo
 grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512_vnni|avx512_bf16|amx_int8|amx_bf16)$' | tr '\n' ' '
 echo; uptime
 
-# The fake HF home: hub/models--convaiinnovations--laya/snapshots/<rev>/ -> the checkpoint's files.
+# The fake HF home: hub/models--convaiinnovations--laya/snapshots/<rev>/ -> the checkpoint's files;
+# layad's workers place their gate cache under XDG_CACHE_HOME (CACHE_DIRECTORY, a systemd unit's,
+# would win: unset below). Both are removed however the script ends.
 HF=$(mktemp -d)
+XDG=$(mktemp -d)
+trap 'rm -rf "$XDG" "$HF"' EXIT
 REV=0000000000000000000000000000000000000bec
 SNAP="$HF/hub/models--convaiinnovations--laya/snapshots/$REV"
 for f in rl_agent_config.json model.safetensors encoder/config.json tokenizer/tokenizer.json tokenizer/tokenizer_config.json; do
@@ -55,10 +59,6 @@ printf %s "$REV" > "$HF/hub/models--convaiinnovations--laya/refs/main"
 
 now() { date +%s.%N; }
 
-# layad's workers place their gate cache under XDG_CACHE_HOME (CACHE_DIRECTORY, a systemd unit's,
-# would win: unset below).
-XDG=$(mktemp -d)
-trap 'rm -rf "$XDG" "$HF"' EXIT
 gate_cache() { if [ "$GATE_CACHE" = first ]; then rm -rf "$XDG/layad"; fi; }
 
 run_layad() {  # $1: worker binary, $2: log file; prints seconds to ready
