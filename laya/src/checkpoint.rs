@@ -346,8 +346,9 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Lower-case hex SHA-256 of the file at `path`, read in 4 MiB pieces.
-fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
+/// Lower-case hex SHA-256 of the file at `path`, read in 4 MiB pieces (through the page cache,
+/// mapping nothing into the caller's memory).
+pub fn sha256_of(path: &Path) -> Result<String, CheckpointError> {
     let mut file = open_weights(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 22];

@@ -17,7 +17,7 @@ use crate::cuda;
 use crate::device::{CpuThreads, DeviceRequest, Precision, SelectedDevice};
 use crate::error::LoadError;
 use crate::gate;
-use crate::model::LayaModel;
+use crate::model::{LayaModel, MatrixFormat};
 use crate::reference_cache::ReferenceCache;
 
 /// How the engine is set up.
@@ -174,7 +174,25 @@ impl CandleEngine {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
             // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
             // run the gate's rows against a float32 load on the CPU.
+            // On the CPU they read the float32 reference first and, where it is kept, reduce each
+            // matrix as it is read (`gate::load_reduced_behind_gate`).
+            let reduced = match precision {
+                Precision::Int8 if device.device.is_cpu() => Some(MatrixFormat::Int8),
+                Precision::Bf16 if bf16_kernels => Some(MatrixFormat::Bf16),
+                _ => None,
+            };
             let load = || -> Result<(LayaModel, Option<ParityReport>), LoadError> {
+                if let Some(format) = reduced {
+                    let (model, report) = gate::load_reduced_behind_gate(
+                        name,
+                        &checkpoint,
+                        kernels,
+                        format,
+                        options.int8_activations,
+                        gate_cache.as_ref(),
+                    )?;
+                    return Ok((model, Some(report)));
+                }
                 let mut model = LayaModel::load_with_kernels(name, &checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
                     Precision::Int8 => Some(gate::quantize_behind_gate(
@@ -182,12 +200,6 @@ impl CandleEngine {
                         &checkpoint,
                         &mut model,
                         options.int8_activations,
-                        gate_cache.as_ref(),
-                    )?),
-                    Precision::Bf16 if bf16_kernels => Some(gate::bf16_kernels_behind_gate(
-                        name,
-                        &checkpoint,
-                        &mut model,
                         gate_cache.as_ref(),
                     )?),
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(

@@ -26,7 +26,7 @@ use layad_proto::{ParityReport, Row, RowOutput};
 
 use crate::device::Precision;
 use crate::error::LoadError;
-use crate::model::LayaModel;
+use crate::model::{LayaModel, MatrixFormat};
 use crate::parity::{self, GateSummary};
 use crate::reference_cache::{ReferenceCache, ReferenceSetup};
 
@@ -111,11 +111,73 @@ pub fn quantize_behind_gate(
     activations: Option<Int8Activations>,
     cache: Option<&ReferenceCache>,
 ) -> Result<ParityReport, LoadError> {
-    let choices: &[Int8Activations] = match &activations {
+    let choices = activation_choices(activations.as_ref());
+    quantize_behind_gate_trying(name, checkpoint, model, choices, cache)
+}
+
+/// What the gate tries: the activations asked for alone, else [`DEFAULT_ACTIVATIONS`].
+fn activation_choices(activations: Option<&Int8Activations>) -> &[Int8Activations] {
+    match activations {
         Some(chosen) => std::slice::from_ref(chosen),
         None => &DEFAULT_ACTIVATIONS,
+    }
+}
+
+/// Loads `checkpoint` on the CPU with its encoder and head-layer matrices in `format` (int8 or the
+/// bf16 kernels'), behind the gate. Where `cache` keeps the float32 reference of these weights,
+/// kernels, threads and rows, no float32 forward is needed: every matrix is reduced as soon as it
+/// is read ([`LayaModel::load_reduced`]) and the float32 model never exists whole (it made an int8
+/// start of the full-size ModernBERT-large peak at 1.77 GB). Otherwise the float32 model is loaded,
+/// its reference computed and kept, and the model reduced ([`quantize_behind_gate`],
+/// [`bf16_kernels_behind_gate`]). `activations` as in [`quantize_behind_gate`] (int8 only).
+pub fn load_reduced_behind_gate(
+    name: &str,
+    checkpoint: &Checkpoint,
+    kernels: CpuKernels,
+    format: MatrixFormat,
+    activations: Option<Int8Activations>,
+    cache: Option<&ReferenceCache>,
+) -> Result<(LayaModel, ParityReport), LoadError> {
+    let precision = match format {
+        MatrixFormat::Int8 => Precision::Int8,
+        MatrixFormat::Bf16 => Precision::Bf16,
+        MatrixFormat::Float32 => {
+            return Err(LoadError::Device(
+                "float32 is not a reduced precision: it has no gate".to_owned(),
+            ));
+        }
     };
-    quantize_behind_gate_trying(name, checkpoint, model, choices, cache)
+    let refuse = refusal(name, precision);
+    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
+    let kept = cache.and_then(|cache| {
+        let weights_sha256 = crate::weights::file_sha256(&checkpoint.weights.path).ok()?;
+        let setup = ReferenceSetup {
+            weights_sha256: &weights_sha256,
+            kernels,
+            threads: rayon::current_num_threads(),
+        };
+        let key = ReferenceCache::key(setup, &batches)?;
+        let reference = cache.load(&key, &batches)?;
+        tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
+        Some((reference, weights_sha256))
+    });
+    let Some((reference, weights_sha256)) = kept else {
+        let mut model = LayaModel::load_with_kernels(name, checkpoint, &Device::Cpu, DType::F32, kernels)?;
+        let report = match format {
+            MatrixFormat::Int8 => quantize_behind_gate(name, checkpoint, &mut model, activations, cache)?,
+            _ => bf16_kernels_behind_gate(name, checkpoint, &mut model, cache)?,
+        };
+        return Ok((model, report));
+    };
+    let mut model = LayaModel::load_reduced(name, checkpoint, kernels, format, Some(weights_sha256))?;
+    let report = match format {
+        MatrixFormat::Int8 => {
+            let choices = activation_choices(activations.as_ref());
+            judge_int8(name, checkpoint, &mut model, choices, &batches, &reference)?
+        }
+        _ => judge_bf16(name, checkpoint, &model, &batches, &reference)?,
+    };
+    Ok((model, report))
 }
 
 /// [`quantize_behind_gate`] trying the VNNI kernel's `choices` in turn: the first the gate passes
@@ -147,6 +209,20 @@ pub fn quantize_behind_gate_trying(
         quantize_ms,
         "int8 gate: float32 reference ready, encoder quantized"
     );
+    judge_int8(name, checkpoint, model, choices, &batches, &reference)
+}
+
+/// The gate's int8 side on a quantized `model`: each of `choices` in turn against `reference`
+/// (see [`quantize_behind_gate_trying`]).
+fn judge_int8(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &mut LayaModel,
+    choices: &[Int8Activations],
+    batches: &[Vec<Row>],
+    reference: &[RowOutput],
+) -> Result<ParityReport, LoadError> {
+    let refuse = refusal(name, Precision::Int8);
     let choices = if model.int8_activations().is_some() {
         choices
     } else {
@@ -155,7 +231,7 @@ pub fn quantize_behind_gate_trying(
     let mut refused: Option<Int8Activations> = None;
     for (i, &choice) in choices.iter().enumerate() {
         model.set_int8_activations(choice);
-        let ours = run(model, &batches, "int8", &refuse)?;
+        let ours = run(model, batches, "int8", &refuse)?;
         let kernel = model.int8_kernel().unwrap_or_default();
         let after = refused.map_or(String::new(), |r| format!(", after {r} failed the gate"));
         let executor = format!("candle cpu int8 {kernel}{after} (reference: candle cpu f32)");
@@ -170,8 +246,8 @@ pub fn quantize_behind_gate_trying(
             checkpoint,
             (Precision::Int8, tolerance),
             executor,
-            &batches,
-            &reference,
+            batches,
+            reference,
             &ours,
         ) {
             Err(error) if fallback.is_some() => {
@@ -187,15 +263,15 @@ pub fn quantize_behind_gate_trying(
             result => return result,
         }
     }
-    let ours = run(model, &batches, "int8", &refuse)?;
+    let ours = run(model, batches, "int8", &refuse)?;
     let kernel = model.int8_kernel().unwrap_or_default();
     judge(
         name,
         checkpoint,
         (Precision::Int8, parity::TOLERANCE),
         format!("candle cpu int8 {kernel} (reference: candle cpu f32)"),
-        &batches,
-        &reference,
+        batches,
+        reference,
         &ours,
     )
 }
@@ -231,14 +307,26 @@ pub fn bf16_kernels_behind_gate(
     model
         .bf16_encoder()
         .map_err(|e| refuse(format!("rounding the encoder to bf16: {e}")))?;
-    let ours = run(model, &batches, "bf16", &refuse)?;
+    judge_bf16(name, checkpoint, model, &batches, &reference)
+}
+
+/// The gate's bf16 side on a `model` in the bf16 kernels' format, against `reference`.
+fn judge_bf16(
+    name: &str,
+    checkpoint: &Checkpoint,
+    model: &LayaModel,
+    batches: &[Vec<Row>],
+    reference: &[RowOutput],
+) -> Result<ParityReport, LoadError> {
+    let refuse = refusal(name, Precision::Bf16);
+    let ours = run(model, batches, "bf16", &refuse)?;
     judge(
         name,
         checkpoint,
         (Precision::Bf16, parity::TOLERANCE),
         format!("candle cpu bf16 {} (reference: candle cpu f32)", model.bf16_kernel()),
-        &batches,
-        &reference,
+        batches,
+        reference,
         &ours,
     )
 }

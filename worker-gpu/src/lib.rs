@@ -43,5 +43,5 @@ pub use engine::{CandleEngine, EngineOptions};
 pub use error::LoadError;
 pub use layad_cpu_kernels::CpuKernels;
 pub use layad_cpu_kernels::int8::Int8Activations;
-pub use model::LayaModel;
+pub use model::{LayaModel, MatrixFormat};
 pub use reference_cache::ReferenceCache;

@@ -1,79 +1,115 @@
 //! Reading `model.safetensors` strictly: every tensor the model asks for must exist with exactly the
 //! shape the configs imply, and every tensor in the file must be asked for (upstream's strict load).
 //!
-//! The file is mapped, not read into memory: its bytes are hashed (the SHA-256 Describe reports) on
-//! a thread of their own while the same bytes are decoded, both reading through the page cache.
-//! Tensors are decoded on the CPU in their file dtype and converted once, on the way to the device;
-//! a decoded tensor is dropped as soon as it is taken. On a start-up profile (full-size checkpoint,
-//! 2 vCPUs) half the CPU time was the kernel zeroing fresh pages, so every copy not made counts:
-//! the file's copy in memory (0.84 GB for ModernBERT-large in f16) is one such.
+//! The file is mapped, not read into memory, and hashed (the SHA-256 Describe reports) on a thread
+//! of its own while the model is built, both reading through the page cache. Each tensor
+//! is decoded from the mapping when it is taken, in its file dtype, and converted once on the way to
+//! the device: the decoded copies of the tensors not yet taken are never all in memory, so a load
+//! that finishes each matrix as it is read ([`crate::model::MatrixFormat`]) holds about one layer's
+//! float32 weights at a time. On a start-up profile (full-size checkpoint, 2 vCPUs) half the CPU
+//! time was the kernel zeroing fresh pages, so every copy not made counts: the file's copy in
+//! memory (0.84 GB for ModernBERT-large in f16) is one such.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
+use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
+use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
 
 use crate::error::LoadError;
 
 /// The tensors of one weights file, handed out one by one to the blocks that own them.
 pub(crate) struct Weights {
     path: PathBuf,
+    bytes: memmap2::Mmap,
+    /// The file's SHA-256, once known.
     sha256: String,
-    tensors: BTreeMap<String, Tensor>,
+    /// The thread computing it, until [`Weights::sha256`] joins it.
+    hashing: Option<JoinHandle<(Result<String, LoadError>, f64)>>,
+    /// Where each tensor not yet taken lies in `bytes`.
+    tensors: BTreeMap<String, Stored>,
     device: Device,
 }
 
+/// One tensor's place in the file.
+struct Stored {
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    bytes: Range<usize>,
+}
+
 impl Weights {
-    /// Reads the safetensors file at `path`, hashes it and decodes every tensor; `device` is where
-    /// taken tensors go.
-    pub(crate) fn read(path: &Path, device: &Device) -> Result<Self, LoadError> {
+    /// Maps the safetensors file at `path` and reads its header; hashes the file on a thread of its
+    /// own unless `sha256` gives the hash already. `device` is where taken tensors go.
+    pub(crate) fn read(path: &Path, device: &Device, sha256: Option<String>) -> Result<Self, LoadError> {
         let failed = |source: candle_core::Error| LoadError::Tensor {
             path: path.to_path_buf(),
             source,
         };
         let reading = Instant::now();
         let bytes = map(path).map_err(|e| failed(e.into()))?;
-        let bytes: &[u8] = &bytes;
-        // Opening and mapping only: the disk is read by the hashing and decoding below.
-        let read_ms = reading.elapsed().as_secs_f64() * 1e3;
-        let (tensors, hashed) = std::thread::scope(|scope| {
-            let hashing = std::thread::Builder::new()
-                .name("weights-sha256".into())
-                .spawn_scoped(scope, || {
-                    let started = Instant::now();
-                    let sha256 = laya::checkpoint::sha256_hex(bytes);
-                    (sha256, started.elapsed().as_secs_f64() * 1e3)
-                });
-            let decoding = Instant::now();
-            let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu);
-            let decode_ms = decoding.elapsed().as_secs_f64() * 1e3;
-            let hashed = match hashing {
-                Ok(thread) => thread.join().map_err(|_| "hashing the weights panicked".to_owned()),
-                Err(e) => Err(format!("cannot start the hashing thread: {e}")),
-            };
-            (tensors, hashed.map(|(sha256, hash_ms)| (sha256, hash_ms, decode_ms)))
-        });
-        let tensors = tensors.map_err(failed)?;
-        let (sha256, hash_ms, decode_ms) = hashed.map_err(|e| failed(candle_core::Error::Msg(e)))?;
+        let header = SafeTensors::deserialize(&bytes).map_err(|e| failed(candle_core::Error::Msg(e.to_string())))?;
+        let base = bytes.as_ptr() as usize;
+        let tensors = header
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                // The view's data is a slice of `bytes`: its place is its offset from the start.
+                let start = view.data().as_ptr() as usize - base;
+                let stored = Stored {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: start..start + view.data().len(),
+                };
+                (name, stored)
+            })
+            .collect();
+        let hashing = match sha256 {
+            Some(_) => None,
+            None => {
+                let file = path.to_path_buf();
+                let thread = std::thread::Builder::new()
+                    .name("weights-sha256".into())
+                    .spawn(move || {
+                        let started = Instant::now();
+                        let sha256 = file_sha256(&file);
+                        (sha256, started.elapsed().as_secs_f64() * 1e3)
+                    })
+                    .map_err(|e| failed(candle_core::Error::Msg(format!("cannot start the hashing thread: {e}"))))?;
+                Some(thread)
+            }
+        };
         tracing::info!(
             path = %path.display(),
-            read_ms,
-            decode_ms,
-            hash_ms,
-            "weights read, decoded and hashed"
+            read_ms = reading.elapsed().as_secs_f64() * 1e3,
+            "weights mapped, header read"
         );
         Ok(Self {
             path: path.to_path_buf(),
-            sha256,
-            tensors: tensors.into_iter().collect(),
+            bytes,
+            sha256: sha256.unwrap_or_default(),
+            hashing,
+            tensors,
             device: device.clone(),
         })
     }
 
-    /// Lower-case hex SHA-256 of the bytes that were read.
-    pub(crate) fn sha256(&self) -> &str {
-        &self.sha256
+    /// Lower-case hex SHA-256 of the file, waiting for its hashing to end.
+    pub(crate) fn sha256(&mut self) -> Result<String, LoadError> {
+        if let Some(thread) = self.hashing.take() {
+            let (sha256, hash_ms) = thread.join().map_err(|_| LoadError::Tensor {
+                path: self.path.clone(),
+                source: candle_core::Error::Msg("hashing the weights panicked".to_owned()),
+            })?;
+            tracing::info!(path = %self.path.display(), hash_ms, "weights hashed");
+            self.sha256 = sha256?;
+        }
+        Ok(self.sha256.clone())
     }
 
     /// The device taken tensors are placed on.
@@ -85,37 +121,37 @@ impl Weights {
     pub(crate) fn shape_of(&self, name: &str) -> Result<Vec<usize>, LoadError> {
         self.tensors
             .get(name)
-            .map(|t| t.dims().to_vec())
+            .map(|t| t.shape.clone())
             .ok_or_else(|| self.missing(name))
     }
 
     /// The dtype of tensor `name` as stored, without taking it.
     pub(crate) fn dtype_of(&self, name: &str) -> Result<DType, LoadError> {
-        self.tensors
-            .get(name)
-            .map(Tensor::dtype)
-            .ok_or_else(|| self.missing(name))
+        let stored = self.tensors.get(name).ok_or_else(|| self.missing(name))?;
+        self.float_dtype(name, stored.dtype)
     }
 
-    /// Takes tensor `name`, checking its shape, converted to `dtype` and placed on the device; the
-    /// decoded copy is dropped (each tensor is taken once).
+    /// Takes tensor `name`, checking its shape, decoded from the file, converted to `dtype` and
+    /// placed on the device (each tensor is taken once).
     pub(crate) fn take(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Tensor, LoadError> {
-        let tensor = self.tensors.remove(name).ok_or_else(|| self.missing(name))?;
-        if !matches!(tensor.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-            return Err(LoadError::TensorDtype {
-                path: self.path.clone(),
-                tensor: name.to_owned(),
-                dtype: format!("{:?}", tensor.dtype()).to_uppercase(),
-            });
-        }
-        if tensor.dims() != shape {
+        let stored = self.tensors.remove(name).ok_or_else(|| self.missing(name))?;
+        self.float_dtype(name, stored.dtype)?;
+        if stored.shape != shape {
             return Err(LoadError::TensorShape {
                 path: self.path.clone(),
                 tensor: name.to_owned(),
                 expected: shape.to_vec(),
-                found: tensor.dims().to_vec(),
+                found: stored.shape,
             });
         }
+        let failed = |source: candle_core::Error| LoadError::Tensor {
+            path: self.path.clone(),
+            source,
+        };
+        let view = TensorView::new(stored.dtype, stored.shape, &self.bytes[stored.bytes.clone()])
+            .map_err(|e| failed(candle_core::Error::Msg(format!("{name}: {e}"))))?;
+        let tensor = view.load(&Device::Cpu).map_err(failed)?;
+        self.release(stored.bytes);
         let placed = tensor
             .to_dtype(dtype)
             .and_then(|t| t.to_device(&self.device))
@@ -139,6 +175,35 @@ impl Weights {
         }
     }
 
+    /// Drops the mapping's pages of `bytes` (a tensor decoded) from this process's resident memory:
+    /// the file stays in the page cache, and the whole file mapped would otherwise count in the
+    /// worker's memory until the model is built. Best effort: a refusal leaves the pages mapped.
+    #[allow(unsafe_code)]
+    fn release(&self, bytes: Range<usize>) {
+        // SAFETY: the mapping is shared, read-only and of a file nobody writes (see `map`): after
+        // `MADV_DONTNEED` a read of these bytes faults the same contents back in from the file, so
+        // a reference into the mapping (none is left once the tensor is decoded) could not see
+        // them change. memmap2 rounds the start down to a page.
+        let _ = unsafe {
+            self.bytes
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, bytes.start, bytes.len())
+        };
+    }
+
+    /// `stored` as candle's dtype where it is a float the model can take (F32, F16, BF16).
+    fn float_dtype(&self, name: &str, stored: safetensors::Dtype) -> Result<DType, LoadError> {
+        match stored {
+            safetensors::Dtype::F32 => Ok(DType::F32),
+            safetensors::Dtype::F16 => Ok(DType::F16),
+            safetensors::Dtype::BF16 => Ok(DType::BF16),
+            other => Err(LoadError::TensorDtype {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+                dtype: format!("{other:?}").to_uppercase(),
+            }),
+        }
+    }
+
     fn missing(&self, name: &str) -> LoadError {
         LoadError::MissingTensor {
             path: self.path.clone(),
@@ -147,12 +212,21 @@ impl Weights {
     }
 }
 
+/// Lower-case hex SHA-256 of the file at `path`, read through the page cache (a mapping would count
+/// the whole file in the worker's resident memory while it is hashed).
+pub(crate) fn file_sha256(path: &Path) -> Result<String, LoadError> {
+    laya::checkpoint::sha256_of(path).map_err(|e| LoadError::Tensor {
+        path: path.to_path_buf(),
+        source: candle_core::Error::Msg(e.to_string()),
+    })
+}
+
 /// The file at `path`, mapped read-only.
 // Mapping a file is `unsafe` in memmap2 because another process could change or truncate it while
 // it is mapped: the bytes would change under the hash and the decoder, or a read past a truncated
 // end would raise SIGBUS. Checkpoint files are not rewritten in place: `layad fetch` downloads each
 // blob to a temporary file and renames it into place (hub/src/lib.rs), which leaves a mapping of
-// the old file intact; and the mapping lives only until the tensors are decoded.
+// the old file intact; and the mapping lives only until the model is built.
 #[allow(unsafe_code)]
 fn map(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let file = std::fs::File::open(path)?;

@@ -1,12 +1,14 @@
 //! The parity gate's float32 reference kept between starts (`EngineOptions::gate_cache`): a second
 //! start on the same files reads it back and judges the same; an entry that does not fit is
-//! computed again; an entry that reads back is what the gate judges against.
+//! computed again; an entry that reads back is what the gate judges against; a start that reads it
+//! back serves exactly what a start that computed it serves.
 
 use std::path::{Path, PathBuf};
 
 use laya::checkpoint::{Location, find_in_hf_cache};
+use laya::question::QuestionType;
 use laya::routing::CheckpointName;
-use layad_proto::{Engine, ParityReport};
+use layad_proto::{Engine, ForwardLimits, ParityReport, Row, RowOutput};
 use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, LoadError, Precision};
 
 fn location(name: CheckpointName) -> Location {
@@ -91,4 +93,58 @@ fn a_second_start_reads_the_reference_back_and_judges_the_same() {
     // Without the cache the gate computes its own reference and passes.
     let fresh = tempfile::tempdir().expect("tempdir");
     assert_eq!(load(Precision::Int8, fresh.path()).expect("int8 passes"), first);
+}
+
+/// Every row of a forward of a few short rows, on `engine`'s checkpoint `name`.
+fn answers(engine: &mut CandleEngine, name: &str) -> Vec<RowOutput> {
+    let rows = (0..3u32)
+        .map(|r| Row {
+            ids: (0..24 + 9 * r).map(|t| 5 + (t * 37 + r * 11) % 200).collect(),
+            markers: vec![4, 9, 15],
+            qtype: [QuestionType::Choice, QuestionType::Score, QuestionType::Noul][r as usize],
+        })
+        .collect();
+    let forward = ForwardLimits::from_info(&engine.describe())
+        .admit(name.to_owned(), rows)
+        .expect("rows within the limits");
+    engine.forward(&forward).expect("forward")
+}
+
+/// A start that reads the reference back reduces each matrix as it reads it (the float32 model is
+/// never built whole): it must serve exactly what a start that built it serves, and judge the same.
+#[test]
+fn a_start_that_reads_the_reference_back_serves_the_same_answers() {
+    let mut precisions = vec![Precision::Int8];
+    if layad_cpu_kernels::bf16::available() {
+        precisions.push(Precision::Bf16);
+    }
+    for precision in precisions {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path().join("gate");
+        let start = |cache: &Path| {
+            let checkpoints = [
+                ("english".to_owned(), location(CheckpointName::English)),
+                ("multilingual".to_owned(), location(CheckpointName::Multilingual)),
+            ];
+            let options = EngineOptions {
+                device: DeviceRequest::Cpu,
+                precision: Some(precision),
+                threads: Some(2),
+                gate_cache: Some(cache.to_path_buf()),
+                ..EngineOptions::default()
+            };
+            CandleEngine::load(&checkpoints, options).expect("passes the gate")
+        };
+        let mut built = start(&cache);
+        assert_eq!(entries(&cache).len(), 2, "{precision}: the references kept");
+        let mut read_back = start(&cache);
+        assert_eq!(read_back.describe().parity, built.describe().parity, "{precision}");
+        for name in ["english", "multilingual"] {
+            assert_eq!(
+                answers(&mut read_back, name),
+                answers(&mut built, name),
+                "{precision} {name}"
+            );
+        }
+    }
 }

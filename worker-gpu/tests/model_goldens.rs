@@ -13,7 +13,8 @@ use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::routing::CheckpointName;
 use layad_proto::{Row, RowOutput, check_and_forward};
 use worker_gpu::{
-    CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, LayaModel, LoadError, Precision, parity,
+    CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, LayaModel, LoadError, MatrixFormat,
+    Precision, parity,
 };
 
 fn fixture_cache() -> PathBuf {
@@ -619,6 +620,58 @@ fn mixed_batches_match_single_rows() {
                     "{checkpoint} row {i} (len {}) in a batch of {}: {diff}",
                     lengths[i],
                     mix.len()
+                );
+            }
+        }
+    }
+}
+
+/// A load that reduces each matrix as it reads it (`LayaModel::load_reduced`, a start whose gate
+/// reference is kept) builds exactly the model that loading in float32 and reducing afterwards
+/// builds: the same outputs bit for bit on every golden row, on every fixture checkpoint (their
+/// random weights differ), for every kernel family this CPU has, in int8 and (where the CPU has
+/// AVX512_BF16) in the bf16 kernels' format.
+#[test]
+fn matrices_reduced_while_loading_give_the_model_reduced_after_loading() {
+    let cases = golden_cases();
+    for name in CheckpointName::ALL {
+        let checkpoint = Checkpoint::open(location(name)).expect("open");
+        let rows: Vec<Row> = cases
+            .iter()
+            .filter(|case| case.checkpoint == name.as_str())
+            .flat_map(|case| case.rows.iter().map(|r| r.row.clone()))
+            .collect();
+        assert!(!rows.is_empty(), "{name:?}: golden rows");
+        for kernels in [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
+            if !kernels.available() {
+                continue;
+            }
+            let mut formats = vec![MatrixFormat::Int8];
+            if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
+                formats.push(MatrixFormat::Bf16);
+            }
+            for format in formats {
+                let mut after = LayaModel::load_with_kernels(
+                    name.as_str(),
+                    &checkpoint,
+                    &candle_core::Device::Cpu,
+                    candle_core::DType::F32,
+                    kernels,
+                )
+                .expect("load");
+                match format {
+                    MatrixFormat::Int8 => after.quantize_encoder().expect("quantize"),
+                    _ => after.bf16_encoder().expect("round to bf16"),
+                }
+                let during =
+                    LayaModel::load_reduced(name.as_str(), &checkpoint, kernels, format, None).expect("load reduced");
+                assert_eq!(during.weights_sha256, after.weights_sha256);
+                let label = format!("{name:?} {kernels} {format:?}");
+                assert_eq!(during.int8_kernel(), after.int8_kernel(), "{label}");
+                assert_eq!(
+                    during.forward(&rows).expect("forward"),
+                    after.forward(&rows).expect("forward"),
+                    "{label}"
                 );
             }
         }

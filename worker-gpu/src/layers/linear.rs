@@ -13,6 +13,7 @@ use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel, QuantizedWeight};
 
 use crate::error::LoadError;
 use crate::layers::cpu_matmul::CpuMatmul;
+use crate::model::MatrixFormat;
 use crate::weights::Weights;
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
@@ -137,6 +138,19 @@ impl Linear {
         };
         self.weight = LinearWeight::Packed(packed);
         Ok(())
+    }
+
+    /// Finishes loading as [`Linear::pack_for_cpu`] does, then leaves the weight in `format`: kept
+    /// float32, quantized to int8 for the integer kernel of `kernels`' family, or rounded to bf16.
+    /// A load that calls it on each matrix as soon as the matrix is read never holds the float32
+    /// weights of more than one.
+    pub(crate) fn finish_for_cpu(&mut self, kernels: CpuKernels, format: MatrixFormat) -> candle_core::Result<()> {
+        self.pack_for_cpu(kernels)?;
+        match format {
+            MatrixFormat::Float32 => Ok(()),
+            MatrixFormat::Int8 => self.quantize_for_cpu(Int8Kernel::for_family(kernels)),
+            MatrixFormat::Bf16 => self.round_to_bf16_for_cpu(),
+        }
     }
 
     /// Replaces the float32 CPU weight (packed, or transposed for the `gemm` family) by its int8

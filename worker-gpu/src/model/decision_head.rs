@@ -12,6 +12,7 @@ use crate::error::LoadError;
 use crate::layers::attention::attend;
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
+use crate::model::MatrixFormat;
 use crate::model::batch::PaddedBatch;
 use crate::model::modernbert::{merge_heads, split_heads};
 use crate::weights::Weights;
@@ -31,6 +32,23 @@ struct HeadLayer {
     norm2: LayerNorm,
     linear1: Linear,
     linear2: Linear,
+}
+
+impl HeadLayer {
+    /// The layer's four matrices: in_proj, out_proj, linear1, linear2.
+    fn matrices(&mut self) -> [&mut Linear; 4] {
+        [
+            &mut self.in_proj,
+            &mut self.out_proj,
+            &mut self.linear1,
+            &mut self.linear2,
+        ]
+    }
+}
+
+/// How a matrix of `part` that could not be finished for the CPU kernels fails the load.
+fn finishing(part: &str) -> impl Fn(candle_core::Error) -> LoadError + '_ {
+    move |e| LoadError::Device(format!("{part}: finishing its matrices for the CPU kernels: {e}"))
 }
 
 /// What the head computed for a batch, per row.
@@ -55,13 +73,16 @@ pub(crate) struct DecisionHead {
 }
 
 impl DecisionHead {
-    /// Takes `type_emb.`, `head.layers.{0..head_layers}.` (matmul weights in `dtype`), `scorer.`,
-    /// `act_head.` and the unused `temperature` buffer. `n_act` is read from `act_head.2.weight`.
+    /// Takes `type_emb.`, `head.layers.{0..head_layers}.` (matmul weights in `dtype`, each layer's
+    /// finished for `kernels` in `format` as it is read), `scorer.`, `act_head.` (finished in
+    /// float32) and the unused `temperature` buffer. `n_act` is read from `act_head.2.weight`.
     pub(crate) fn load(
         weights: &mut Weights,
         hidden: usize,
         head_layers: usize,
         dtype: DType,
+        kernels: CpuKernels,
+        format: MatrixFormat,
     ) -> Result<Self, LoadError> {
         let d = hidden;
         let heads = (d / 64).max(1);
@@ -79,21 +100,25 @@ impl DecisionHead {
             in_proj
                 .scale_outputs(0, d, ((d / heads) as f64).powf(-0.5))
                 .map_err(|e| LoadError::Device(format!("{p}.self_attn.in_proj_weight: {e}")))?;
-            layers.push(HeadLayer {
+            let mut layer = HeadLayer {
                 norm1: LayerNorm::load(weights, &format!("{p}.norm1"), d, true, HEAD_NORM_EPS)?,
                 in_proj,
                 out_proj: Linear::load(weights, &format!("{p}.self_attn.out_proj"), (d, d), true, dtype)?,
                 norm2: LayerNorm::load(weights, &format!("{p}.norm2"), d, true, HEAD_NORM_EPS)?,
                 linear1: Linear::load(weights, &format!("{p}.linear1"), (4 * d, d), true, dtype)?,
                 linear2: Linear::load(weights, &format!("{p}.linear2"), (d, 4 * d), true, dtype)?,
-            });
+            };
+            for linear in layer.matrices() {
+                linear.finish_for_cpu(kernels, format).map_err(finishing(&p))?;
+            }
+            layers.push(layer);
         }
         let n_act = weights.shape_of("act_head.2.weight")?.first().copied().unwrap_or(0);
         // Read for the strict load only: the runtime takes temperatures from rl_agent_config.json.
         weights.take("temperature", &[3], DType::F32)?;
         // The scorer and act head see `kmax` and one vectors per row, so float32 costs nothing there,
         // and keeps half-precision logits from being rounded to f16/bf16 steps (2^-6 at 3.0 in bf16).
-        Ok(Self {
+        let mut head = Self {
             type_emb: weights.take("type_emb.weight", &[3, d], DType::F32)?,
             layers,
             heads,
@@ -103,23 +128,18 @@ impl DecisionHead {
             scorer_out: Linear::load(weights, "scorer.3", (1, d), true, DType::F32)?,
             act_dense: Linear::load(weights, "act_head.0", (ACT_HIDDEN, d + 4), true, DType::F32)?,
             act_out: Linear::load(weights, "act_head.2", (n_act, ACT_HIDDEN), true, DType::F32)?,
-        })
-    }
-
-    /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
-    pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
-        for linear in self.layer_matrices() {
-            linear.pack_for_cpu(kernels)?;
-        }
+        };
         for linear in [
-            &mut self.scorer_dense,
-            &mut self.scorer_out,
-            &mut self.act_dense,
-            &mut self.act_out,
+            &mut head.scorer_dense,
+            &mut head.scorer_out,
+            &mut head.act_dense,
+            &mut head.act_out,
         ] {
-            linear.pack_for_cpu(kernels)?;
+            linear
+                .finish_for_cpu(kernels, MatrixFormat::Float32)
+                .map_err(finishing("the scorer and act head"))?;
         }
-        Ok(())
+        Ok(head)
     }
 
     /// Replaces the head layers' matrices (in_proj, out_proj, linear1, linear2: about as many
@@ -144,14 +164,7 @@ impl DecisionHead {
 
     /// The head layers' four matrices each (in_proj, out_proj, linear1, linear2), layer by layer.
     fn layer_matrices(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.layers.iter_mut().flat_map(|layer| {
-            [
-                &mut layer.in_proj,
-                &mut layer.out_proj,
-                &mut layer.linear1,
-                &mut layer.linear2,
-            ]
-        })
+        self.layers.iter_mut().flat_map(HeadLayer::matrices)
     }
 
     /// How the quantized head matrices (VNNI layout) quantize their activation rows.

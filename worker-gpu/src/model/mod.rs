@@ -55,6 +55,18 @@ pub fn act_softmax(logits: &[f32]) -> Vec<f32> {
     decision_head::softmax(logits)
 }
 
+/// What a CPU load leaves the matrices of the encoder and of the decision head's layers as; each is
+/// finished as soon as it is read ([`LayaModel::load_reduced`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixFormat {
+    /// float32, packed for the kernels (or transposed for candle's matmul).
+    Float32,
+    /// Quantized to int8 for the integer kernel of the float family ([`LayaModel::quantize_encoder`]).
+    Int8,
+    /// Rounded to bf16 for the AVX512_BF16 or AMX kernels ([`LayaModel::bf16_encoder`]).
+    Bf16,
+}
+
 /// A loaded decision model on one device, in one precision.
 pub struct LayaModel {
     encoder: Encoder,
@@ -87,7 +99,39 @@ impl LayaModel {
         dtype: DType,
         kernels: CpuKernels,
     ) -> Result<Self, LoadError> {
-        Self::load_inner(name, checkpoint, device, dtype, checkpoint.agent.max_len, kernels)
+        let finish = (kernels, MatrixFormat::Float32);
+        Self::load_inner(name, checkpoint, device, dtype, checkpoint.agent.max_len, finish, None)
+    }
+
+    /// A float32 CPU load whose encoder and head-layer matrices are left in `format` ([`Self::quantize_encoder`]
+    /// or [`Self::bf16_encoder`] after [`Self::load_with_kernels`] give the same model), each reduced
+    /// as soon as it is read: the float32 weights of the whole model never exist at once (an int8
+    /// start of the full-size ModernBERT-large peaked at 1.77 GB building them, for a model of
+    /// 0.6 GB). For a start that needs no float32 forward, the gate's reference being kept.
+    /// `weights_sha256`, when the caller already hashed the file, is not computed again.
+    pub fn load_reduced(
+        name: &str,
+        checkpoint: &Checkpoint,
+        kernels: CpuKernels,
+        format: MatrixFormat,
+        weights_sha256: Option<String>,
+    ) -> Result<Self, LoadError> {
+        if format == MatrixFormat::Bf16 && !layad_cpu_kernels::bf16::available() {
+            return Err(LoadError::Device(
+                "the bf16 kernel needs a CPU with AVX512_BF16".to_owned(),
+            ));
+        }
+        let finish = (kernels, format);
+        let positions = checkpoint.agent.max_len;
+        Self::load_inner(
+            name,
+            checkpoint,
+            &Device::Cpu,
+            DType::F32,
+            positions,
+            finish,
+            weights_sha256,
+        )
     }
 
     /// [`LayaModel::load`] with RoPE tables for at least `positions` positions, for callers that pad
@@ -99,7 +143,8 @@ impl LayaModel {
         dtype: DType,
         positions: usize,
     ) -> Result<Self, LoadError> {
-        Self::load_inner(name, checkpoint, device, dtype, positions, CpuKernels::detect())
+        let finish = (CpuKernels::detect(), MatrixFormat::Float32);
+        Self::load_inner(name, checkpoint, device, dtype, positions, finish, None)
     }
 
     fn load_inner(
@@ -108,7 +153,8 @@ impl LayaModel {
         device: &Device,
         dtype: DType,
         positions: usize,
-        kernels: CpuKernels,
+        (kernels, format): (CpuKernels, MatrixFormat),
+        weights_sha256: Option<String>,
     ) -> Result<Self, LoadError> {
         if !kernels.available() {
             return Err(LoadError::Device(format!("this CPU has no {kernels} kernels")));
@@ -138,23 +184,26 @@ impl LayaModel {
         let max_len = checkpoint.agent.max_len.max(laya::request::DEFAULT_MAX_TOKEN_BUDGET);
         // Each phase's time is logged: start-up is part of what an operator waits for.
         let started = Instant::now();
-        let mut weights = Weights::read(&checkpoint.weights.path, device)?;
+        let mut weights = Weights::read(&checkpoint.weights.path, device, weights_sha256)?;
         let read_ms = started.elapsed().as_secs_f64() * 1e3;
-        let mut encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype)?;
-        let mut head = DecisionHead::load(&mut weights, config.hidden_size, checkpoint.agent.head_layers, dtype)?;
-        let weights_sha256 = weights.sha256().to_owned();
+        let encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype, kernels, format)?;
+        let head = DecisionHead::load(
+            &mut weights,
+            config.hidden_size,
+            checkpoint.agent.head_layers,
+            dtype,
+            kernels,
+            format,
+        )?;
+        let weights_sha256 = weights.sha256()?;
         weights.finish()?;
-        let built_ms = started.elapsed().as_secs_f64() * 1e3;
-        let packing = |e: candle_core::Error| LoadError::Device(format!("packing weights for {kernels}: {e}"));
-        encoder.pack_for_cpu(kernels).map_err(packing)?;
-        head.pack_for_cpu(kernels).map_err(packing)?;
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
         tracing::info!(
             checkpoint = name,
             read_ms,
-            build_ms = built_ms - read_ms,
-            pack_ms = total_ms - built_ms,
+            build_ms = total_ms - read_ms,
             total_ms,
+            matrices = ?format,
             "weights loaded"
         );
         Ok(Self {

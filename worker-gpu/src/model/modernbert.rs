@@ -17,6 +17,7 @@ use crate::layers::cpu_kernels::{AddOp, GeGluOp};
 use crate::layers::linear::Linear;
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
+use crate::model::MatrixFormat;
 use crate::weights::Weights;
 
 /// Masks of one forward, shared by every layer (and the decision head's key padding).
@@ -61,6 +62,19 @@ struct EncoderLayer {
     kind: LayerType,
 }
 
+/// What a bf16 encoder's attention products run on: blocks of rows on AMX's tiles where the
+/// weights run there.
+fn bf16_attention(kernels: CpuKernels) -> RowsKernel {
+    RowsKernel::detect(kernels == CpuKernels::Amx)
+}
+
+impl EncoderLayer {
+    /// The layer's four matrices: Wqkv, attention Wo, MLP Wi, MLP Wo.
+    fn matrices(&mut self) -> [&mut Linear; 4] {
+        [&mut self.wqkv, &mut self.wo, &mut self.wi, &mut self.mlp_wo]
+    }
+}
+
 /// The encoder with its RoPE tables and sliding-window caches.
 pub(crate) struct Encoder {
     tok_embeddings: Tensor,
@@ -73,19 +87,23 @@ pub(crate) struct Encoder {
     heads: usize,
     head_dim: usize,
     intermediate: usize,
-    /// SIMD family of the CPU kernels (set when the weights are packed).
+    /// SIMD family of the CPU kernels the weights were packed for.
     kernels: CpuKernels,
-    /// The attention's products in bf16 on this kernel (set when the matrices are rounded to bf16).
+    /// The attention's products in bf16 on this kernel (set where the matrices are rounded to bf16).
     attention_bf16: Option<RowsKernel>,
 }
 
 impl Encoder {
-    /// Takes the `encoder.` tensors. RoPE tables cover positions `0..max_len`.
+    /// Takes the `encoder.` tensors, each layer's matrices finished for `kernels` in `format`
+    /// ([`Linear::finish_for_cpu`]) before the next layer is read. RoPE tables cover positions
+    /// `0..max_len`.
     pub(crate) fn load(
         weights: &mut Weights,
         config: &EncoderConfig,
         max_len: usize,
         dtype: DType,
+        kernels: CpuKernels,
+        format: MatrixFormat,
     ) -> Result<Self, LoadError> {
         let (d, inter) = (config.hidden_size, config.intermediate_size);
         let eps = config.norm_eps;
@@ -125,6 +143,14 @@ impl Encoder {
                 mlp_wo: Linear::load(weights, &format!("{p}.mlp.Wo"), (d, inter), false, dtype)?,
                 kind,
             });
+            // Each layer's matrices are finished before the next layer is read.
+            if let Some(layer) = layers.last_mut() {
+                for linear in layer.matrices() {
+                    linear
+                        .finish_for_cpu(kernels, format)
+                        .map_err(|e| LoadError::Device(format!("{p}: finishing its matrices for {kernels}: {e}")))?;
+                }
+            }
         }
         let final_norm = LayerNorm::load(weights, "encoder.final_norm", d, false, eps)?;
         let device = weights.device().clone();
@@ -146,18 +172,9 @@ impl Encoder {
             heads: config.num_attention_heads,
             head_dim,
             intermediate: inter,
-            kernels: CpuKernels::Gemm,
-            attention_bf16: None,
+            kernels,
+            attention_bf16: (format == MatrixFormat::Bf16).then(|| bf16_attention(kernels)),
         })
-    }
-
-    /// Packs every matrix for the CPU kernels (a no-op off the CPU, outside f32, and for `Gemm`).
-    pub(crate) fn pack_for_cpu(&mut self, kernels: CpuKernels) -> candle_core::Result<()> {
-        self.kernels = kernels;
-        for linear in self.layer_matrices() {
-            linear.pack_for_cpu(kernels)?;
-        }
-        Ok(())
     }
 
     /// The integer kernel that goes with the packed float family (for the decision head too).
@@ -187,8 +204,7 @@ impl Encoder {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
         }
-        // Blocks of rows on AMX's tiles where the weights run there.
-        self.attention_bf16 = Some(RowsKernel::detect(self.kernels == CpuKernels::Amx));
+        self.attention_bf16 = Some(bf16_attention(self.kernels));
         Ok(())
     }
 
@@ -201,9 +217,7 @@ impl Encoder {
 
     /// Every layer's four matrices (Wqkv, attention Wo, MLP Wi, MLP Wo), layer by layer.
     fn layer_matrices(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.layers
-            .iter_mut()
-            .flat_map(|layer| [&mut layer.wqkv, &mut layer.wo, &mut layer.wi, &mut layer.mlp_wo])
+        self.layers.iter_mut().flat_map(EncoderLayer::matrices)
     }
 
     /// The activations of the quantized matrices when they run the VNNI kernel.
