@@ -149,27 +149,25 @@ pub fn load_reduced_behind_gate(
     };
     let refuse = refusal(name, precision);
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let kept = cache.and_then(|cache| {
-        let weights_sha256 = crate::weights::file_sha256(&checkpoint.weights.path).ok()?;
+    // Hashed here (not while loading) only to look the reference up before anything is built.
+    let weights_sha256 = cache.and_then(|_| crate::weights::file_sha256(&checkpoint.weights.path).ok());
+    let kept = weights_sha256.as_deref().and_then(|weights_sha256| {
         let setup = ReferenceSetup {
-            weights_sha256: &weights_sha256,
+            weights_sha256,
             kernels,
             threads: rayon::current_num_threads(),
         };
-        let key = ReferenceCache::key(setup, &batches)?;
-        let reference = cache.load(&key, &batches)?;
-        tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
-        Some((reference, weights_sha256))
+        kept_reference(name, cache?, setup, &batches)
     });
-    let Some((reference, weights_sha256)) = kept else {
-        let mut model = LayaModel::load_with_kernels(name, checkpoint, &Device::Cpu, DType::F32, kernels)?;
+    let Some(reference) = kept else {
+        let mut model = LayaModel::load_reduced(name, checkpoint, kernels, MatrixFormat::Float32, weights_sha256)?;
         let report = match format {
             MatrixFormat::Int8 => quantize_behind_gate(name, checkpoint, &mut model, activations, cache)?,
             _ => bf16_kernels_behind_gate(name, checkpoint, &mut model, cache)?,
         };
         return Ok((model, report));
     };
-    let mut model = LayaModel::load_reduced(name, checkpoint, kernels, format, Some(weights_sha256))?;
+    let mut model = LayaModel::load_reduced(name, checkpoint, kernels, format, weights_sha256)?;
     let report = match format {
         MatrixFormat::Int8 => {
             let choices = activation_choices(activations.as_ref());
@@ -383,8 +381,7 @@ fn float32_reference(
     let Some((cache, key)) = cache.and_then(|cache| Some((cache, ReferenceCache::key(setup, batches)?))) else {
         return compute();
     };
-    if let Some(kept) = cache.load(&key, batches) {
-        tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
+    if let Some(kept) = kept_entry(name, cache, &key, batches) {
         return Ok(kept);
     }
     let outputs = compute()?;
@@ -398,6 +395,23 @@ fn float32_reference(
         ),
     }
     Ok(outputs)
+}
+
+/// The float32 outputs of `batches` run with `setup`, where `cache` keeps them.
+fn kept_reference(
+    name: &str,
+    cache: &ReferenceCache,
+    setup: ReferenceSetup<'_>,
+    batches: &[Vec<Row>],
+) -> Option<Vec<RowOutput>> {
+    kept_entry(name, cache, &ReferenceCache::key(setup, batches)?, batches)
+}
+
+/// The entry `key` of `cache`, where it reads back as `batches`' outputs.
+fn kept_entry(name: &str, cache: &ReferenceCache, key: &str, batches: &[Vec<Row>]) -> Option<Vec<RowOutput>> {
+    let kept = cache.load(key, batches)?;
+    tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
+    Some(kept)
 }
 
 /// How a failed step of the gate refuses the checkpoint.
