@@ -16,8 +16,9 @@ fn location(name: CheckpointName) -> Location {
     find_in_hf_cache(&cache, name).expect("fixture checkpoint")
 }
 
-/// Two checkpoints of different random weights, in `precision`, behind the gate kept in `cache`.
-fn load(precision: Precision, cache: &Path) -> Result<Vec<ParityReport>, LoadError> {
+/// An engine of two checkpoints of different random weights, in `precision` on `threads`, behind
+/// the gate kept in `cache`.
+fn start(precision: Precision, threads: usize, cache: &Path) -> Result<CandleEngine, LoadError> {
     let checkpoints = [
         ("english".to_owned(), location(CheckpointName::English)),
         ("multilingual".to_owned(), location(CheckpointName::Multilingual)),
@@ -25,11 +26,16 @@ fn load(precision: Precision, cache: &Path) -> Result<Vec<ParityReport>, LoadErr
     let options = EngineOptions {
         device: DeviceRequest::Cpu,
         precision: Some(precision),
-        threads: Some(1),
+        threads: Some(threads),
         gate_cache: Some(cache.to_path_buf()),
         ..EngineOptions::default()
     };
-    CandleEngine::load(&checkpoints, options).map(|engine| engine.describe().parity)
+    CandleEngine::load(&checkpoints, options)
+}
+
+/// [`start`] on one thread: the gate's reports.
+fn load(precision: Precision, cache: &Path) -> Result<Vec<ParityReport>, LoadError> {
+    start(precision, 1, cache).map(|engine| engine.describe().parity)
 }
 
 fn entries(dir: &Path) -> Vec<PathBuf> {
@@ -121,23 +127,9 @@ fn a_start_that_reads_the_reference_back_serves_the_same_answers() {
     for precision in precisions {
         let dir = tempfile::tempdir().expect("tempdir");
         let cache = dir.path().join("gate");
-        let start = |cache: &Path| {
-            let checkpoints = [
-                ("english".to_owned(), location(CheckpointName::English)),
-                ("multilingual".to_owned(), location(CheckpointName::Multilingual)),
-            ];
-            let options = EngineOptions {
-                device: DeviceRequest::Cpu,
-                precision: Some(precision),
-                threads: Some(2),
-                gate_cache: Some(cache.to_path_buf()),
-                ..EngineOptions::default()
-            };
-            CandleEngine::load(&checkpoints, options).expect("passes the gate")
-        };
-        let mut built = start(&cache);
+        let mut built = start(precision, 2, &cache).expect("passes the gate");
         assert_eq!(entries(&cache).len(), 2, "{precision}: the references kept");
-        let mut read_back = start(&cache);
+        let mut read_back = start(precision, 2, &cache).expect("passes the gate");
         assert_eq!(read_back.describe().parity, built.describe().parity, "{precision}");
         for name in ["english", "multilingual"] {
             assert_eq!(
