@@ -13,8 +13,19 @@ use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel, QuantizedWeight};
 
 use crate::error::LoadError;
 use crate::layers::cpu_matmul::CpuMatmul;
-use crate::model::MatrixFormat;
 use crate::weights::Weights;
+
+/// What a CPU load leaves the matrices of the encoder and of the decision head's layers as; each is
+/// finished as soon as it is read (`LayaModel::load_reduced`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixFormat {
+    /// float32, packed for the kernels (or transposed for candle's matmul).
+    Float32,
+    /// Quantized to int8 for the integer kernel of the float family (`LayaModel::quantize_encoder`).
+    Int8,
+    /// Rounded to bf16 for the AVX512_BF16 or AMX kernels (`LayaModel::bf16_encoder`).
+    Bf16,
+}
 
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
 pub(crate) struct Linear {

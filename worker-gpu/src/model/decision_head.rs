@@ -10,9 +10,8 @@ use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
 use crate::layers::attention::attend;
-use crate::layers::linear::Linear;
+use crate::layers::linear::{Linear, MatrixFormat};
 use crate::layers::norm::LayerNorm;
-use crate::model::MatrixFormat;
 use crate::model::batch::PaddedBatch;
 use crate::model::modernbert::{merge_heads, split_heads};
 use crate::weights::Weights;

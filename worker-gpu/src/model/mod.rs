@@ -16,6 +16,7 @@ use layad_proto::{Row, RowOutput};
 
 use crate::error::LoadError;
 use crate::layers::attention::SlidingPlan;
+pub use crate::layers::linear::MatrixFormat;
 use crate::weights::Weights;
 use batch::PaddedBatch;
 use decision_head::DecisionHead;
@@ -53,18 +54,6 @@ pub fn act_features(slots: &[f32], options: usize) -> [f32; 4] {
 /// Float32 softmax, as the engine applies it to act logits.
 pub fn act_softmax(logits: &[f32]) -> Vec<f32> {
     decision_head::softmax(logits)
-}
-
-/// What a CPU load leaves the matrices of the encoder and of the decision head's layers as; each is
-/// finished as soon as it is read ([`LayaModel::load_reduced`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatrixFormat {
-    /// float32, packed for the kernels (or transposed for candle's matmul).
-    Float32,
-    /// Quantized to int8 for the integer kernel of the float family ([`LayaModel::quantize_encoder`]).
-    Int8,
-    /// Rounded to bf16 for the AVX512_BF16 or AMX kernels ([`LayaModel::bf16_encoder`]).
-    Bf16,
 }
 
 /// A loaded decision model on one device, in one precision.

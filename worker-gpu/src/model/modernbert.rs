@@ -14,10 +14,9 @@ use crate::error::LoadError;
 use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::{AddOp, GeGluOp};
-use crate::layers::linear::Linear;
+use crate::layers::linear::{Linear, MatrixFormat};
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
-use crate::model::MatrixFormat;
 use crate::weights::Weights;
 
 /// Masks of one forward, shared by every layer (and the decision head's key padding).
