@@ -53,7 +53,8 @@ impl Weights {
         };
         let reading = Instant::now();
         let bytes = map(path).map_err(|e| failed(e.into()))?;
-        let header = SafeTensors::deserialize(&bytes).map_err(|e| failed(candle_core::Error::Msg(e.to_string())))?;
+        let header = SafeTensors::deserialize(&bytes)
+            .map_err(|e| failed(candle_core::Error::Msg(format!("not a complete safetensors file: {e}"))))?;
         let base = bytes.as_ptr() as usize;
         let tensors = header
             .tensors()
@@ -232,4 +233,85 @@ fn map(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let file = std::fs::File::open(path)?;
     // SAFETY: see above: the file is not modified while mapped.
     unsafe { memmap2::Mmap::map(&file) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// A safetensors file of `tensors` in a fresh directory (kept alive by the returned guard).
+    fn file(tensors: &[(&str, Tensor)]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("model.safetensors");
+        let tensors: HashMap<String, Tensor> = tensors.iter().map(|(n, t)| ((*n).to_owned(), t.clone())).collect();
+        candle_core::safetensors::save(&tensors, &path).expect("write safetensors");
+        (dir, path)
+    }
+
+    fn f16_matrix(seed: u32, rows: usize, cols: usize) -> Tensor {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        Tensor::from_vec(values, (rows, cols), &Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F16))
+            .expect("tensor")
+    }
+
+    #[test]
+    fn tensors_taken_one_by_one_are_the_file_s_values_and_the_hash_is_the_file_s() {
+        // Two seeds: what holds for one set of values must hold for another.
+        for seed in [1, 77] {
+            let (a, b) = (f16_matrix(seed, 96, 40), f16_matrix(seed + 1, 7, 3));
+            let (_dir, path) = file(&[("a", a.clone()), ("b", b.clone())]);
+            let expected_sha = laya::checkpoint::sha256_of(&path).expect("hash");
+            let mut weights = Weights::read(&path, &Device::Cpu, None).expect("read");
+            assert_eq!(weights.dtype_of("a").expect("dtype"), DType::F16);
+            assert_eq!(weights.shape_of("b").expect("shape"), vec![7, 3]);
+            // Taken in the other order than the file's, converted to f32 once.
+            let taken_b = weights.take("b", &[7, 3], DType::F32).expect("take b");
+            let taken_a = weights.take("a", &[96, 40], DType::F32).expect("take a");
+            for (taken, stored) in [(taken_a, a), (taken_b, b)] {
+                let want = stored
+                    .to_dtype(DType::F32)
+                    .and_then(|t| t.flatten_all()?.to_vec1::<f32>());
+                assert_eq!(taken.flatten_all().and_then(|t| t.to_vec1::<f32>()).ok(), want.ok());
+            }
+            assert_eq!(weights.sha256().expect("hashed"), expected_sha);
+            weights.finish().expect("every tensor taken");
+            // A hash the caller gives is the one reported (nothing hashed again).
+            let mut given = Weights::read(&path, &Device::Cpu, Some("given".to_owned())).expect("read");
+            assert_eq!(given.sha256().expect("given"), "given");
+        }
+    }
+
+    #[test]
+    fn a_wrong_tensor_is_refused_naming_it() {
+        let ids = Tensor::new(&[1i64, 2, 3], &Device::Cpu).expect("tensor");
+        let (_dir, path) = file(&[("w", f16_matrix(3, 4, 2)), ("ids", ids), ("extra", f16_matrix(5, 2, 2))]);
+        let mut weights = Weights::read(&path, &Device::Cpu, None).expect("read");
+        let message = |e: LoadError| e.to_string();
+        let shape = message(weights.take("w", &[2, 4], DType::F32).expect_err("wrong shape"));
+        assert!(shape.contains("'w' has shape [4, 2], expected [2, 4]"), "{shape}");
+        let dtype = message(weights.take("ids", &[3], DType::F32).expect_err("integers"));
+        assert!(dtype.contains("'ids' is I64"), "{dtype}");
+        let missing = message(weights.take("nowhere", &[1], DType::F32).expect_err("missing"));
+        assert!(missing.contains("'nowhere' is missing"), "{missing}");
+        let left = message(weights.finish().expect_err("one tensor left"));
+        assert!(left.contains("unexpected tensor(s) extra"), "{left}");
+    }
+
+    #[test]
+    fn a_truncated_file_is_refused_naming_it() {
+        let (_dir, path) = file(&[("w", f16_matrix(9, 64, 64))]);
+        let bytes = std::fs::read(&path).expect("read");
+        std::fs::write(&path, &bytes[..bytes.len() - 100]).expect("truncate");
+        let refused = Weights::read(&path, &Device::Cpu, None)
+            .map(|_| ())
+            .expect_err("truncated");
+        let message = refused.to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains("not a complete safetensors file"), "{message}");
+    }
 }
