@@ -172,10 +172,10 @@ impl CandleEngine {
         let mut parity = Vec::new();
         for (name, mut checkpoint) in opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
-            // int8 loads float32, runs the gate's rows, quantizes and runs them again; f16 and bf16
-            // run the gate's rows against a float32 load on the CPU.
-            // On the CPU they read the float32 reference first and, where it is kept, reduce each
-            // matrix as it is read (`gate::load_reduced_behind_gate`).
+            // int8 and bf16 on the CPU look the gate's float32 reference up first: where it is kept
+            // they reduce each matrix as it is read, else they load float32, run the gate's rows,
+            // reduce and run them again (`gate::load_reduced_behind_gate`). f16, and bf16 without
+            // its kernels, run the gate's rows against a float32 load on the CPU.
             let reduced = match precision {
                 Precision::Int8 if device.device.is_cpu() => Some(MatrixFormat::Int8),
                 Precision::Bf16 if bf16_kernels => Some(MatrixFormat::Bf16),

@@ -2,13 +2,14 @@
 //! shape the configs imply, and every tensor in the file must be asked for (upstream's strict load).
 //!
 //! The file is mapped, not read into memory, and hashed (the SHA-256 Describe reports) on a thread
-//! of its own while the model is built, both reading through the page cache. Each tensor
-//! is decoded from the mapping when it is taken, in its file dtype, and converted once on the way to
-//! the device: the decoded copies of the tensors not yet taken are never all in memory, so a load
-//! that finishes each matrix as it is read ([`crate::model::MatrixFormat`]) holds about one layer's
-//! float32 weights at a time. On a start-up profile (full-size checkpoint, 2 vCPUs) half the CPU
-//! time was the kernel zeroing fresh pages, so every copy not made counts: the file's copy in
-//! memory (0.84 GB for ModernBERT-large in f16) is one such.
+//! of its own while the model is built, both reading through the page cache. Each tensor is decoded
+//! from the mapping when it is taken, in its file dtype, converted once on the way to the device,
+//! and its mapped pages released: neither the decoded copies of the tensors not yet taken nor the
+//! file are ever all in the worker's memory, so a load that finishes each matrix as it is read
+//! ([`crate::model::MatrixFormat`]) holds about one layer's float32 weights at a time. On a
+//! start-up profile (full-size checkpoint, 2 vCPUs) half the CPU time was the kernel zeroing fresh
+//! pages, so every copy not made counts: the file's copy in memory (0.84 GB for ModernBERT-large in
+//! f16) is one such.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

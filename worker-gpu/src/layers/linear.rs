@@ -27,6 +27,22 @@ pub enum MatrixFormat {
     Bf16,
 }
 
+/// Finishes `matrices` (those of `part`, for the error) for `kernels` in `format`
+/// ([`Linear::finish_for_cpu`]).
+pub(crate) fn finish_all<'a>(
+    matrices: impl IntoIterator<Item = &'a mut Linear>,
+    kernels: CpuKernels,
+    format: MatrixFormat,
+    part: &str,
+) -> Result<(), LoadError> {
+    for linear in matrices {
+        linear
+            .finish_for_cpu(kernels, format)
+            .map_err(|e| LoadError::Device(format!("{part}: finishing its matrices for {kernels}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// A dense layer whose weight (and bias) are stored in the compute dtype.
 pub(crate) struct Linear {
     weight: LinearWeight,

@@ -10,7 +10,7 @@ use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
 use crate::layers::attention::attend;
-use crate::layers::linear::{Linear, MatrixFormat};
+use crate::layers::linear::{Linear, MatrixFormat, finish_all};
 use crate::layers::norm::LayerNorm;
 use crate::model::batch::PaddedBatch;
 use crate::model::modernbert::{merge_heads, split_heads};
@@ -43,11 +43,6 @@ impl HeadLayer {
             &mut self.linear2,
         ]
     }
-}
-
-/// How a matrix of `part` that could not be finished for the CPU kernels fails the load.
-fn finishing(part: &str) -> impl Fn(candle_core::Error) -> LoadError + '_ {
-    move |e| LoadError::Device(format!("{part}: finishing its matrices for the CPU kernels: {e}"))
 }
 
 /// What the head computed for a batch, per row.
@@ -107,9 +102,7 @@ impl DecisionHead {
                 linear1: Linear::load(weights, &format!("{p}.linear1"), (4 * d, d), true, dtype)?,
                 linear2: Linear::load(weights, &format!("{p}.linear2"), (d, 4 * d), true, dtype)?,
             };
-            for linear in layer.matrices() {
-                linear.finish_for_cpu(kernels, format).map_err(finishing(&p))?;
-            }
+            finish_all(layer.matrices(), kernels, format, &p)?;
             layers.push(layer);
         }
         let n_act = weights.shape_of("act_head.2.weight")?.first().copied().unwrap_or(0);
@@ -128,16 +121,13 @@ impl DecisionHead {
             act_dense: Linear::load(weights, "act_head.0", (ACT_HIDDEN, d + 4), true, DType::F32)?,
             act_out: Linear::load(weights, "act_head.2", (n_act, ACT_HIDDEN), true, DType::F32)?,
         };
-        for linear in [
+        let scorer_and_act = [
             &mut head.scorer_dense,
             &mut head.scorer_out,
             &mut head.act_dense,
             &mut head.act_out,
-        ] {
-            linear
-                .finish_for_cpu(kernels, MatrixFormat::Float32)
-                .map_err(finishing("the scorer and act head"))?;
-        }
+        ];
+        finish_all(scorer_and_act, kernels, MatrixFormat::Float32, "scorer, act_head")?;
         Ok(head)
     }
 

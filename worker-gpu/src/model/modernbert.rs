@@ -14,7 +14,7 @@ use crate::error::LoadError;
 use crate::layers::attention::{SlidingPlan, SlidingWindow, attend};
 use crate::layers::cpu_attention::AttentionOp;
 use crate::layers::cpu_kernels::{AddOp, GeGluOp};
-use crate::layers::linear::{Linear, MatrixFormat};
+use crate::layers::linear::{Linear, MatrixFormat, finish_all};
 use crate::layers::norm::LayerNorm;
 use crate::layers::rotary::RopeTable;
 use crate::weights::Weights;
@@ -129,7 +129,7 @@ impl Encoder {
             // softmax(q·kᵀ·s) = softmax((s·q)·kᵀ), and RoPE is linear: scale the query rows once here.
             wqkv.scale_outputs(0, d, (config.head_dim() as f64).powf(-0.5))
                 .map_err(|e| LoadError::Device(format!("{p}.attn.Wqkv: {e}")))?;
-            layers.push(EncoderLayer {
+            let mut layer = EncoderLayer {
                 attn_norm,
                 wqkv,
                 wo: Linear::load(weights, &format!("{p}.attn.Wo"), (d, d), false, dtype)?,
@@ -141,15 +141,9 @@ impl Encoder {
                 },
                 mlp_wo: Linear::load(weights, &format!("{p}.mlp.Wo"), (d, inter), false, dtype)?,
                 kind,
-            });
-            // Each layer's matrices are finished before the next layer is read.
-            if let Some(layer) = layers.last_mut() {
-                for linear in layer.matrices() {
-                    linear
-                        .finish_for_cpu(kernels, format)
-                        .map_err(|e| LoadError::Device(format!("{p}: finishing its matrices for {kernels}: {e}")))?;
-                }
-            }
+            };
+            finish_all(layer.matrices(), kernels, format, &p)?;
+            layers.push(layer);
         }
         let final_norm = LayerNorm::load(weights, "encoder.final_norm", d, false, eps)?;
         let device = weights.device().clone();
