@@ -14,7 +14,6 @@
 //! read back by the next start on the same executable, weights and rows: only the reduced
 //! precision's rows run again.
 
-use candle_core::{DType, Device};
 use laya::checkpoint::Checkpoint;
 use laya::prompt::{RowLimits, build_rows};
 use laya::question::parse_questions;
@@ -124,12 +123,13 @@ fn activation_choices(activations: Option<&Int8Activations>) -> &[Int8Activation
 }
 
 /// Loads `checkpoint` on the CPU with its encoder and head-layer matrices in `format` (int8 or the
-/// bf16 kernels'), behind the gate. Where `cache` keeps the float32 reference of these weights,
-/// kernels, threads and rows, no float32 forward is needed: every matrix is reduced as soon as it
-/// is read ([`LayaModel::load_reduced`]) and the float32 model never exists whole (it made an int8
-/// start of the full-size ModernBERT-large peak at 1.77 GB). Otherwise the float32 model is loaded,
-/// its reference computed and kept, and the model reduced ([`quantize_behind_gate`],
-/// [`bf16_kernels_behind_gate`]). `activations` as in [`quantize_behind_gate`] (int8 only).
+/// bf16 kernels'), behind the gate. Every matrix is reduced as soon as it is read, so the float32
+/// model never exists whole (it made an int8 start of the full-size ModernBERT-large peak at
+/// 1.77 GB): where `cache` keeps the float32 reference of these weights, kernels, threads and rows,
+/// no float32 forward is needed ([`LayaModel::load_reduced`]); otherwise the gate's rows run
+/// through each layer in float32 before it is reduced ([`LayaModel::load_reduced_with_reference`])
+/// and the reference is kept for the next start. `activations` as in [`quantize_behind_gate`]
+/// (int8 only).
 pub fn load_reduced_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
@@ -151,23 +151,39 @@ pub fn load_reduced_behind_gate(
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
     // Hashed here (not while loading) only to look the reference up before anything is built.
     let weights_sha256 = cache.and_then(|_| crate::weights::file_sha256(&checkpoint.weights.path).ok());
-    let kept = weights_sha256.as_deref().and_then(|weights_sha256| {
-        let setup = ReferenceSetup {
-            weights_sha256,
-            kernels,
-            threads: rayon::current_num_threads(),
-        };
-        kept_reference(name, cache?, setup, &batches)
-    });
-    let Some(reference) = kept else {
-        let mut model = LayaModel::load_reduced(name, checkpoint, kernels, MatrixFormat::Float32, weights_sha256)?;
-        let report = match format {
-            MatrixFormat::Int8 => quantize_behind_gate(name, checkpoint, &mut model, activations, cache)?,
-            _ => bf16_kernels_behind_gate(name, checkpoint, &mut model, cache)?,
-        };
-        return Ok((model, report));
+    let entry = cache
+        .zip(weights_sha256.as_deref())
+        .and_then(|(cache, weights_sha256)| {
+            let setup = ReferenceSetup {
+                weights_sha256,
+                kernels,
+                threads: rayon::current_num_threads(),
+            };
+            Some((cache, ReferenceCache::key(setup, &batches)?))
+        });
+    let kept = entry
+        .as_ref()
+        .and_then(|(cache, key)| kept_entry(name, cache, key, &batches));
+    let (mut model, reference) = match kept {
+        Some(reference) => {
+            let model = LayaModel::load_reduced(name, checkpoint, kernels, format, weights_sha256)?;
+            (model, reference)
+        }
+        None => {
+            let started = std::time::Instant::now();
+            let (model, reference) =
+                LayaModel::load_reduced_with_reference(name, checkpoint, kernels, format, weights_sha256, &batches)?;
+            tracing::info!(
+                checkpoint = name,
+                load_ms = started.elapsed().as_secs_f64() * 1e3,
+                "{precision} gate: float32 reference computed while loading, layer by layer"
+            );
+            if let Some((cache, key)) = &entry {
+                keep(name, cache, key, &reference);
+            }
+            (model, reference)
+        }
     };
-    let mut model = LayaModel::load_reduced(name, checkpoint, kernels, format, weights_sha256)?;
     let report = match format {
         MatrixFormat::Int8 => {
             let choices = activation_choices(activations.as_ref());
@@ -330,10 +346,11 @@ fn judge_bf16(
 }
 
 /// Runs the gate on `model`, loaded in f16 or bf16 on `device_label` (`cpu`, `cuda:0`, `metal`),
-/// against the same checkpoint loaded in float32 on the CPU (the forward that matches upstream's
-/// goldens within 1e-4). On success the report says how close it came; otherwise the checkpoint is
-/// refused with the numbers. The reference model is dropped before this returns, and not loaded
-/// at all when `cache` holds its outputs.
+/// against the same checkpoint's float32 forward on the CPU (the forward that matches upstream's
+/// goldens within 1e-4), run one layer at a time as the weights are read
+/// ([`LayaModel::float32_outputs`]: one float32 layer in memory at a time), or read back where
+/// `cache` holds it. On success the report says how close it came; otherwise the checkpoint is
+/// refused with the numbers.
 pub fn half_precision_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
@@ -354,8 +371,8 @@ pub fn half_precision_behind_gate(
         threads: rayon::current_num_threads(),
     };
     let reference = float32_reference(name, cache, setup, &batches, || {
-        let f32_model = LayaModel::load(name, checkpoint, &Device::Cpu, DType::F32)?;
-        run(&f32_model, &batches, "float32", &refuse)
+        let weights_sha256 = Some(model.weights_sha256.clone());
+        LayaModel::float32_outputs(name, checkpoint, setup.kernels, weights_sha256, &batches)
     })?;
     let ours = run(model, &batches, precision.as_str(), &refuse)?;
     judge(
@@ -385,7 +402,13 @@ fn float32_reference(
         return Ok(kept);
     }
     let outputs = compute()?;
-    match cache.store(&key, &outputs) {
+    keep(name, cache, &key, &outputs);
+    Ok(outputs)
+}
+
+/// Keeps `outputs` as `cache`'s entry `key` (a failed write is logged, the start goes on).
+fn keep(name: &str, cache: &ReferenceCache, key: &str, outputs: &[RowOutput]) {
+    match cache.store(key, outputs) {
         Ok(()) => tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference kept"),
         Err(error) => tracing::warn!(
             checkpoint = name,
@@ -394,17 +417,6 @@ fn float32_reference(
             "gate: float32 reference not kept; the next start computes it again (XDG_CACHE_HOME or the worker's --gate-cache name another directory)"
         ),
     }
-    Ok(outputs)
-}
-
-/// The float32 outputs of `batches` run with `setup`, where `cache` keeps them.
-fn kept_reference(
-    name: &str,
-    cache: &ReferenceCache,
-    setup: ReferenceSetup<'_>,
-    batches: &[Vec<Row>],
-) -> Option<Vec<RowOutput>> {
-    kept_entry(name, cache, &ReferenceCache::key(setup, batches)?, batches)
 }
 
 /// The entry `key` of `cache`, where it reads back as `batches`' outputs.

@@ -677,3 +677,65 @@ fn matrices_reduced_while_loading_give_the_model_reduced_after_loading() {
         }
     }
 }
+
+/// A first start's load (no kept reference) runs the gate's rows through each layer in float32
+/// before reducing it: the outputs it returns are the float32 model's forward, bit for bit, and the
+/// model it builds is the one reduced while loading. The same outputs where every layer is dropped
+/// once run (the reference of a GPU's half precision). Checked on every fixture checkpoint (their
+/// random weights and head depths differ), every kernel family this CPU has, every format, with
+/// the gate's batches and the golden rows in batches of three (an empty batch among them).
+#[test]
+fn rows_run_while_loading_give_the_float32_forward_and_the_reduced_model() {
+    let cases = golden_cases();
+    for name in CheckpointName::ALL {
+        let checkpoint = Checkpoint::open(location(name)).expect("open");
+        let golden: Vec<Row> = cases
+            .iter()
+            .filter(|case| case.checkpoint == name.as_str())
+            .flat_map(|case| case.rows.iter().map(|r| r.row.clone()))
+            .collect();
+        let mut batches = worker_gpu::gate::gate_batches(&checkpoint).expect("gate rows");
+        batches.push(Vec::new());
+        batches.extend(golden.chunks(3).map(<[Row]>::to_vec));
+        for kernels in [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
+            if !kernels.available() {
+                continue;
+            }
+            let float32 = LayaModel::load_with_kernels(
+                name.as_str(),
+                &checkpoint,
+                &candle_core::Device::Cpu,
+                candle_core::DType::F32,
+                kernels,
+            )
+            .expect("load");
+            let expected: Vec<RowOutput> = batches
+                .iter()
+                .flat_map(|rows| float32.forward(rows).expect("forward"))
+                .collect();
+            assert_eq!(expected.len(), batches.iter().map(Vec::len).sum::<usize>());
+            let alone = LayaModel::float32_outputs(name.as_str(), &checkpoint, kernels, None, &batches)
+                .expect("float32 outputs, layers dropped");
+            assert_eq!(alone, expected, "{name:?} {kernels}: the float32 outputs alone");
+            let mut formats = vec![MatrixFormat::Float32, MatrixFormat::Int8];
+            if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
+                formats.push(MatrixFormat::Bf16);
+            }
+            for format in formats {
+                let label = format!("{name:?} {kernels} {format:?}");
+                let (model, outputs) =
+                    LayaModel::load_reduced_with_reference(name.as_str(), &checkpoint, kernels, format, None, &batches)
+                        .expect("load with the reference rows");
+                assert_eq!(outputs, expected, "{label}: the reference rows");
+                let reduced =
+                    LayaModel::load_reduced(name.as_str(), &checkpoint, kernels, format, None).expect("load reduced");
+                assert_eq!(model.weights_sha256, reduced.weights_sha256, "{label}");
+                assert_eq!(
+                    model.forward(&golden).expect("forward"),
+                    reduced.forward(&golden).expect("forward"),
+                    "{label}: the model"
+                );
+            }
+        }
+    }
+}

@@ -24,7 +24,7 @@ const ACT_HIDDEN: usize = 256;
 const PADDED_SLOT_LOGIT: f32 = -1e4;
 
 /// One `nn.TransformerEncoderLayer(norm_first=True, activation=relu)` in eval mode.
-struct HeadLayer {
+pub(crate) struct HeadLayer {
     norm1: LayerNorm,
     in_proj: Linear,
     out_proj: Linear,
@@ -44,6 +44,10 @@ impl HeadLayer {
         ]
     }
 }
+
+/// What a load hands each head layer to in float32 ([`DecisionHead::load`]), with the head built
+/// so far and whether it is the last layer; it returns whether the load keeps the layer.
+pub(crate) type HeadLayerHook<'a> = dyn FnMut(&DecisionHead, &HeadLayer, bool) -> candle_core::Result<bool> + 'a;
 
 /// What the head computed for a batch, per row.
 pub(crate) struct HeadOutput {
@@ -70,17 +74,42 @@ impl DecisionHead {
     /// Takes `type_emb.`, `head.layers.{0..head_layers}.` (matmul weights in `dtype`, each layer's
     /// finished for `kernels` in `format` as it is read), `scorer.`, `act_head.` (finished in
     /// float32) and the unused `temperature` buffer. `n_act` is read from `act_head.2.weight`.
+    ///
+    /// With `float32_layer`, each head layer is first finished in float32 and handed to it (with
+    /// the head built so far and whether it is the last layer), then reduced and kept, or dropped
+    /// where the hook returns `false`, as the encoder's load does for the gate's reference rows.
     pub(crate) fn load(
         weights: &mut Weights,
         hidden: usize,
         head_layers: usize,
-        dtype: DType,
-        kernels: CpuKernels,
-        format: MatrixFormat,
+        (dtype, kernels, format): (DType, CpuKernels, MatrixFormat),
+        mut float32_layer: Option<&mut HeadLayerHook<'_>>,
     ) -> Result<Self, LoadError> {
         let d = hidden;
         let heads = (d / 64).max(1);
-        let mut layers = Vec::with_capacity(head_layers);
+        let n_act = weights.shape_of("act_head.2.weight")?.first().copied().unwrap_or(0);
+        // Read for the strict load only: the runtime takes temperatures from rl_agent_config.json.
+        weights.take("temperature", &[3], DType::F32)?;
+        // The scorer and act head see `kmax` and one vectors per row, so float32 costs nothing there,
+        // and keeps half-precision logits from being rounded to f16/bf16 steps (2^-6 at 3.0 in bf16).
+        let mut head = Self {
+            type_emb: weights.take("type_emb.weight", &[3, d], DType::F32)?,
+            layers: Vec::with_capacity(head_layers),
+            heads,
+            head_dim: d / heads,
+            scorer_norm: LayerNorm::load(weights, "scorer.0", d, true, HEAD_NORM_EPS)?,
+            scorer_dense: Linear::load(weights, "scorer.1", (d, d), true, DType::F32)?,
+            scorer_out: Linear::load(weights, "scorer.3", (1, d), true, DType::F32)?,
+            act_dense: Linear::load(weights, "act_head.0", (ACT_HIDDEN, d + 4), true, DType::F32)?,
+            act_out: Linear::load(weights, "act_head.2", (n_act, ACT_HIDDEN), true, DType::F32)?,
+        };
+        let scorer_and_act = [
+            &mut head.scorer_dense,
+            &mut head.scorer_out,
+            &mut head.act_dense,
+            &mut head.act_out,
+        ];
+        finish_all(scorer_and_act, kernels, MatrixFormat::Float32, "scorer, act_head")?;
         for j in 0..head_layers {
             let p = format!("head.layers.{j}");
             let mut in_proj = Linear::load_named(
@@ -102,32 +131,17 @@ impl DecisionHead {
                 linear1: Linear::load(weights, &format!("{p}.linear1"), (4 * d, d), true, dtype)?,
                 linear2: Linear::load(weights, &format!("{p}.linear2"), (d, 4 * d), true, dtype)?,
             };
+            if let Some(hook) = float32_layer.as_deref_mut() {
+                finish_all(layer.matrices(), kernels, MatrixFormat::Float32, &p)?;
+                let keep = hook(&head, &layer, j + 1 == head_layers)
+                    .map_err(|e| LoadError::Device(format!("{p}: running rows through it in float32: {e}")))?;
+                if !keep {
+                    continue;
+                }
+            }
             finish_all(layer.matrices(), kernels, format, &p)?;
-            layers.push(layer);
+            head.layers.push(layer);
         }
-        let n_act = weights.shape_of("act_head.2.weight")?.first().copied().unwrap_or(0);
-        // Read for the strict load only: the runtime takes temperatures from rl_agent_config.json.
-        weights.take("temperature", &[3], DType::F32)?;
-        // The scorer and act head see `kmax` and one vectors per row, so float32 costs nothing there,
-        // and keeps half-precision logits from being rounded to f16/bf16 steps (2^-6 at 3.0 in bf16).
-        let mut head = Self {
-            type_emb: weights.take("type_emb.weight", &[3, d], DType::F32)?,
-            layers,
-            heads,
-            head_dim: d / heads,
-            scorer_norm: LayerNorm::load(weights, "scorer.0", d, true, HEAD_NORM_EPS)?,
-            scorer_dense: Linear::load(weights, "scorer.1", (d, d), true, DType::F32)?,
-            scorer_out: Linear::load(weights, "scorer.3", (1, d), true, DType::F32)?,
-            act_dense: Linear::load(weights, "act_head.0", (ACT_HIDDEN, d + 4), true, DType::F32)?,
-            act_out: Linear::load(weights, "act_head.2", (n_act, ACT_HIDDEN), true, DType::F32)?,
-        };
-        let scorer_and_act = [
-            &mut head.scorer_dense,
-            &mut head.scorer_out,
-            &mut head.act_dense,
-            &mut head.act_out,
-        ];
-        finish_all(scorer_and_act, kernels, MatrixFormat::Float32, "scorer, act_head")?;
         Ok(head)
     }
 
@@ -170,25 +184,49 @@ impl DecisionHead {
         batch: &PaddedBatch,
         key_padding: Option<&Tensor>,
     ) -> candle_core::Result<HeadOutput> {
-        let (rows, len, kmax) = (batch.rows(), batch.len, batch.kmax);
+        let mut h = self.typed(hidden, batch)?;
+        if self.layers.is_empty() {
+            h = h.index_select(&batch.selected, 0)?;
+        }
+        for (j, layer) in self.layers.iter().enumerate() {
+            h = self.layer_step(layer, &h, batch, key_padding, j + 1 == self.layers.len())?;
+        }
+        self.score(&h, batch)
+    }
+
+    /// The encoder output `hidden` `[rows·len, d]` plus each row's question-type embedding: the
+    /// first head layer's input.
+    pub(crate) fn typed(&self, hidden: &Tensor, batch: &PaddedBatch) -> candle_core::Result<Tensor> {
+        let (rows, len) = (batch.rows(), batch.len);
         let d = hidden.dim(1)?;
         let typed = self.type_emb.index_select(&batch.qtypes, 0)?.unsqueeze(1)?;
-        let mut h = hidden
+        hidden
             .reshape((rows, len, d))?
             .broadcast_add(&typed)?
-            .reshape((rows * len, d))?;
-        // Only the first token and the markers are read after the head, so the last layer's
-        // queries, output projection and FFN run on those rows alone (its keys cover every token).
-        let selected = match self.layers.split_last() {
-            None => h.index_select(&batch.selected, 0)?,
-            Some((last, earlier)) => {
-                for layer in earlier {
-                    h = self.layer_forward(layer, &h, (rows, len), key_padding, None)?;
-                }
-                self.layer_forward(last, &h, (rows, len), key_padding, Some(&batch.selected))?
-            }
-        }
-        .reshape((rows, 1 + kmax, d))?;
+            .reshape((rows * len, d))
+    }
+
+    /// One head layer on `h` `[rows·len, d]`. Only the first token and the markers are read after
+    /// the head, so the `last` layer's queries, output projection and FFN run on those rows alone
+    /// (its keys cover every token): it returns `[rows·(1 + kmax), d]`.
+    pub(crate) fn layer_step(
+        &self,
+        layer: &HeadLayer,
+        h: &Tensor,
+        batch: &PaddedBatch,
+        key_padding: Option<&Tensor>,
+        last: bool,
+    ) -> candle_core::Result<Tensor> {
+        let queries = last.then_some(&batch.selected);
+        self.layer_forward(layer, h, (batch.rows(), batch.len), key_padding, queries)
+    }
+
+    /// The scorer and the act head on the head's output at the selected positions
+    /// `[rows·(1 + kmax), d]` (per row its first token, then its markers).
+    pub(crate) fn score(&self, selected: &Tensor, batch: &PaddedBatch) -> candle_core::Result<HeadOutput> {
+        let (rows, kmax) = (batch.rows(), batch.kmax);
+        let d = selected.dim(1)?;
+        let selected = selected.reshape((rows, 1 + kmax, d))?;
         let options = selected.narrow(1, 1, kmax)?.reshape((rows * kmax, d))?;
         let scored = self.scorer_dense.forward(&self.scorer_norm.forward(&options)?)?;
         let slot_logits = self
@@ -205,7 +243,7 @@ impl DecisionHead {
             slots.truncate(count);
             logits.push(slots);
         }
-        let features = Tensor::from_vec(features, (rows, 4), h.device())?;
+        let features = Tensor::from_vec(features, (rows, 4), selected.device())?;
         let pooled = selected.narrow(1, 0, 1)?.squeeze(1)?;
         let act_input = Tensor::cat(&[&pooled, &features], 1)?;
         let act_logits = self

@@ -3,6 +3,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod decision_head;
+mod layerwise;
 pub(crate) mod modernbert;
 
 use std::borrow::Borrow;
@@ -19,8 +20,9 @@ use crate::layers::attention::SlidingPlan;
 pub use crate::layers::linear::MatrixFormat;
 use crate::weights::Weights;
 use batch::PaddedBatch;
-use decision_head::DecisionHead;
-use modernbert::{Encoder, ForwardMasks};
+use decision_head::{DecisionHead, HeadLayer, HeadLayerHook, HeadOutput};
+use layerwise::LayerwiseForward;
+use modernbert::{Encoder, EncoderLayer, EncoderLayerHook, ForwardMasks};
 
 /// Inputs of [`LayaModel::forward_graph`] for one row padded to `len`, on the model's device.
 pub struct GraphRowInputs<'a> {
@@ -89,7 +91,16 @@ impl LayaModel {
         kernels: CpuKernels,
     ) -> Result<Self, LoadError> {
         let finish = (kernels, MatrixFormat::Float32);
-        Self::load_inner(name, checkpoint, device, dtype, checkpoint.agent.max_len, finish, None)
+        Self::load_inner(
+            name,
+            checkpoint,
+            device,
+            dtype,
+            checkpoint.agent.max_len,
+            finish,
+            None,
+            None,
+        )
     }
 
     /// A float32 CPU load whose encoder and head-layer matrices are left in `format` ([`Self::quantize_encoder`]
@@ -120,7 +131,70 @@ impl LayaModel {
             positions,
             finish,
             weights_sha256,
+            None,
         )
+    }
+
+    /// [`Self::load_reduced`] that also runs `batches` (the gate's rows) through the float32
+    /// model, one layer at a time as it loads: each layer runs in float32 before it is reduced
+    /// (`layerwise`). Returns the model in `format` and the rows' float32 outputs in row order,
+    /// which [`Self::forward`] on the float32 model gives bit for bit, without the float32 model
+    /// ever existing whole.
+    pub fn load_reduced_with_reference(
+        name: &str,
+        checkpoint: &Checkpoint,
+        kernels: CpuKernels,
+        format: MatrixFormat,
+        weights_sha256: Option<String>,
+        batches: &[Vec<Row>],
+    ) -> Result<(Self, Vec<RowOutput>), LoadError> {
+        let mut reference = LayerwiseForward::new(batches, &Device::Cpu, true)
+            .map_err(|e| LoadError::Device(format!("laying out the reference rows: {e}")))?;
+        let model = Self::load_inner(
+            name,
+            checkpoint,
+            &Device::Cpu,
+            DType::F32,
+            checkpoint.agent.max_len,
+            (kernels, format),
+            weights_sha256,
+            Some(&mut reference),
+        )?;
+        let outputs = reference
+            .outputs(&model.head)
+            .map_err(|e| LoadError::Device(format!("the reference rows' scores: {e}")))?;
+        Ok((model, outputs))
+    }
+
+    /// The float32 outputs of `batches` on `checkpoint`, run on the CPU one layer at a time while
+    /// the weights are read, each layer dropped once it ran: what [`Self::forward`] on a float32
+    /// load packed for `kernels` gives, bit for bit, with one float32 layer (and the embeddings)
+    /// in memory at a time instead of the whole model. The gate's reference for a model that is
+    /// not reduced from float32 on the CPU (f16 or bf16 on a GPU, or through candle's CPU ops).
+    /// `weights_sha256`, when the caller knows it, is not computed again.
+    pub fn float32_outputs(
+        name: &str,
+        checkpoint: &Checkpoint,
+        kernels: CpuKernels,
+        weights_sha256: Option<String>,
+        batches: &[Vec<Row>],
+    ) -> Result<Vec<RowOutput>, LoadError> {
+        let mut reference = LayerwiseForward::new(batches, &Device::Cpu, false)
+            .map_err(|e| LoadError::Device(format!("laying out the reference rows: {e}")))?;
+        // A model without its layers: only its head's scorer is used below, then it is dropped.
+        let layerless = Self::load_inner(
+            name,
+            checkpoint,
+            &Device::Cpu,
+            DType::F32,
+            checkpoint.agent.max_len,
+            (kernels, MatrixFormat::Float32),
+            weights_sha256,
+            Some(&mut reference),
+        )?;
+        reference
+            .outputs(&layerless.head)
+            .map_err(|e| LoadError::Device(format!("the reference rows' scores: {e}")))
     }
 
     /// [`LayaModel::load`] with RoPE tables for at least `positions` positions, for callers that pad
@@ -133,9 +207,12 @@ impl LayaModel {
         positions: usize,
     ) -> Result<Self, LoadError> {
         let finish = (CpuKernels::detect(), MatrixFormat::Float32);
-        Self::load_inner(name, checkpoint, device, dtype, positions, finish, None)
+        Self::load_inner(name, checkpoint, device, dtype, positions, finish, None, None)
     }
 
+    /// The load behind every constructor; with `reference`, its rows run through each float32
+    /// layer before the layer is reduced (their outputs are left for the caller to read).
+    #[allow(clippy::too_many_arguments)] // the constructors' settings, passed through
     fn load_inner(
         name: &str,
         checkpoint: &Checkpoint,
@@ -144,6 +221,7 @@ impl LayaModel {
         positions: usize,
         (kernels, format): (CpuKernels, MatrixFormat),
         weights_sha256: Option<String>,
+        mut reference: Option<&mut LayerwiseForward>,
     ) -> Result<Self, LoadError> {
         if !kernels.available() {
             return Err(LoadError::Device(format!("this CPU has no {kernels} kernels")));
@@ -175,15 +253,32 @@ impl LayaModel {
         let started = Instant::now();
         let mut weights = Weights::read(&checkpoint.weights.path, device, weights_sha256)?;
         let read_ms = started.elapsed().as_secs_f64() * 1e3;
-        let encoder = Encoder::load(&mut weights, config, max_len.max(positions), dtype, kernels, format)?;
-        let head = DecisionHead::load(
-            &mut weights,
-            config.hidden_size,
-            checkpoint.agent.head_layers,
-            dtype,
-            kernels,
-            format,
-        )?;
+        let finish = (dtype, kernels, format);
+        let encoder = {
+            let mut run = reference
+                .as_deref_mut()
+                .map(|rows| move |encoder: &Encoder, layer: &EncoderLayer| rows.encoder_layer(encoder, layer));
+            let hook = run.as_mut().map(|run| run as &mut EncoderLayerHook<'_>);
+            Encoder::load(&mut weights, config, max_len.max(positions), finish, hook)?
+        };
+        let head = {
+            let mut run = match reference {
+                Some(rows) => {
+                    rows.encoded(&encoder)
+                        .map_err(|e| LoadError::Device(format!("encoder.final_norm: running rows through it: {e}")))?;
+                    Some(move |head: &DecisionHead, layer: &HeadLayer, last| rows.head_layer(head, layer, last))
+                }
+                None => None,
+            };
+            let hook = run.as_mut().map(|run| run as &mut HeadLayerHook<'_>);
+            DecisionHead::load(
+                &mut weights,
+                config.hidden_size,
+                checkpoint.agent.head_layers,
+                finish,
+                hook,
+            )?
+        };
         let weights_sha256 = weights.sha256()?;
         weights.finish()?;
         let total_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -310,14 +405,18 @@ impl LayaModel {
         let masks = self.encoder.masks(&batch.lengths, batch.len, &self.device)?;
         let hidden = self.encoder.forward(&batch.ids, (batch.rows(), batch.len), &masks)?;
         let out = self.head.forward(&hidden, &batch, masks.key_padding.as_ref())?;
-        Ok(out
-            .logits
-            .into_iter()
-            .zip(out.act_logits)
-            .map(|(logits, act_logits)| RowOutput {
-                logits,
-                act_probabilities: decision_head::softmax(&act_logits),
-            })
-            .collect())
+        Ok(row_outputs(out))
     }
+}
+
+/// The head's outputs as the rows' answers: option logits, act probabilities (float32 softmax).
+fn row_outputs(out: HeadOutput) -> Vec<RowOutput> {
+    out.logits
+        .into_iter()
+        .zip(out.act_logits)
+        .map(|(logits, act_logits)| RowOutput {
+            logits,
+            act_probabilities: decision_head::softmax(&act_logits),
+        })
+        .collect()
 }

@@ -49,7 +49,7 @@ pub(crate) fn merge_heads(x: &Tensor) -> candle_core::Result<Tensor> {
     x.transpose(1, 2)?.reshape((batch * len, heads * head_dim))
 }
 
-struct EncoderLayer {
+pub(crate) struct EncoderLayer {
     /// Absent in layer 0, where transformers uses an identity.
     attn_norm: Option<LayerNorm>,
     wqkv: Linear,
@@ -74,6 +74,10 @@ impl EncoderLayer {
     }
 }
 
+/// What a load hands each encoder layer to in float32 ([`Encoder::load`]), with the encoder built
+/// so far; it returns whether the load keeps the layer.
+pub(crate) type EncoderLayerHook<'a> = dyn FnMut(&Encoder, &EncoderLayer) -> candle_core::Result<bool> + 'a;
+
 /// The encoder with its RoPE tables and sliding-window caches.
 pub(crate) struct Encoder {
     tok_embeddings: Tensor,
@@ -96,13 +100,17 @@ impl Encoder {
     /// Takes the `encoder.` tensors, each layer's matrices finished for `kernels` in `format`
     /// ([`Linear::finish_for_cpu`]) before the next layer is read. RoPE tables cover positions
     /// `0..max_len`.
+    ///
+    /// With `float32_layer`, each layer is first finished in float32 and handed to it (with the
+    /// encoder built so far: embeddings, norms, tables), then reduced to `format` and kept, or
+    /// dropped where the hook returns `false`: the gate runs its reference rows through the float32
+    /// layers one at a time (`super::layerwise`), so the float32 model never exists whole.
     pub(crate) fn load(
         weights: &mut Weights,
         config: &EncoderConfig,
         max_len: usize,
-        dtype: DType,
-        kernels: CpuKernels,
-        format: MatrixFormat,
+        (dtype, kernels, format): (DType, CpuKernels, MatrixFormat),
+        mut float32_layer: Option<&mut EncoderLayerHook<'_>>,
     ) -> Result<Self, LoadError> {
         let (d, inter) = (config.hidden_size, config.intermediate_size);
         let eps = config.norm_eps;
@@ -117,7 +125,30 @@ impl Encoder {
         };
         let tok_embeddings = weights.take(embedding_name, &[config.vocab_size, d], embedding_dtype)?;
         let embed_norm = LayerNorm::load(weights, "encoder.embeddings.norm", d, false, eps)?;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        let final_norm = LayerNorm::load(weights, "encoder.final_norm", d, false, eps)?;
+        let device = weights.device().clone();
+        let head_dim = config.head_dim();
+        let rope = |theta| RopeTable::new(theta, head_dim, max_len, &device).map_err(device_error);
+        let window = if config.layer_types.contains(&LayerType::Sliding) {
+            Some(SlidingWindow::new(config.local_attention, &device).map_err(device_error)?)
+        } else {
+            None
+        };
+        let mut encoder = Self {
+            tok_embeddings,
+            embed_norm,
+            layers: Vec::with_capacity(config.num_hidden_layers),
+            final_norm,
+            global_rope: rope(config.global_rope_theta)?,
+            local_rope: rope(config.local_rope_theta)?,
+            window,
+            heads: config.num_attention_heads,
+            head_dim,
+            intermediate: inter,
+            kernels,
+            // Set once every layer is in: a float32 layer handed out runs its attention in f32.
+            attention_bf16: None,
+        };
         for (i, &kind) in config.layer_types.iter().enumerate() {
             let p = format!("encoder.layers.{i}");
             let attn_norm = if i == 0 {
@@ -142,32 +173,19 @@ impl Encoder {
                 mlp_wo: Linear::load(weights, &format!("{p}.mlp.Wo"), (d, inter), false, dtype)?,
                 kind,
             };
+            if let Some(hook) = float32_layer.as_deref_mut() {
+                finish_all(layer.matrices(), kernels, MatrixFormat::Float32, &p)?;
+                let keep = hook(&encoder, &layer)
+                    .map_err(|e| LoadError::Device(format!("{p}: running rows through it in float32: {e}")))?;
+                if !keep {
+                    continue;
+                }
+            }
             finish_all(layer.matrices(), kernels, format, &p)?;
-            layers.push(layer);
+            encoder.layers.push(layer);
         }
-        let final_norm = LayerNorm::load(weights, "encoder.final_norm", d, false, eps)?;
-        let device = weights.device().clone();
-        let head_dim = config.head_dim();
-        let rope = |theta| RopeTable::new(theta, head_dim, max_len, &device).map_err(device_error);
-        let window = if config.layer_types.contains(&LayerType::Sliding) {
-            Some(SlidingWindow::new(config.local_attention, &device).map_err(device_error)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            tok_embeddings,
-            embed_norm,
-            layers,
-            final_norm,
-            global_rope: rope(config.global_rope_theta)?,
-            local_rope: rope(config.local_rope_theta)?,
-            window,
-            heads: config.num_attention_heads,
-            head_dim,
-            intermediate: inter,
-            kernels,
-            attention_bf16: (format == MatrixFormat::Bf16).then(|| bf16_attention(kernels)),
-        })
+        encoder.attention_bf16 = (format == MatrixFormat::Bf16).then(|| bf16_attention(kernels));
+        Ok(encoder)
     }
 
     /// The integer kernel that goes with the packed float family (for the decision head too).
@@ -247,6 +265,16 @@ impl Encoder {
         self.forward_embedded(&self.tok_embeddings.index_select(ids, 0)?, shape, masks)
     }
 
+    /// `ids` `[batch·len]` to the first layer's input: the token embeddings, normed.
+    pub(crate) fn embedded(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        self.embed_norm.forward(&self.tok_embeddings.index_select(ids, 0)?)
+    }
+
+    /// The last layer's output to the encoder's: the final norm.
+    pub(crate) fn final_norm(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.final_norm.forward(x)
+    }
+
     /// Token-embedding rows `[batch·len, hidden]` (before the embedding norm, any float dtype) to the
     /// final hidden states `[batch·len, hidden]`, f32: the encoder after its gather, for callers that
     /// gather on their own (the Neural Engine worker's graph contract).
@@ -263,7 +291,8 @@ impl Encoder {
         self.final_norm.forward(&x)
     }
 
-    fn layer_forward(
+    /// One layer on `x` `[batch·len, hidden]`.
+    pub(crate) fn layer_forward(
         &self,
         layer: &EncoderLayer,
         x: &Tensor,
