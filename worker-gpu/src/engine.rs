@@ -40,7 +40,7 @@ pub struct EngineOptions {
     pub cpu_kernels: Option<CpuKernels>,
     /// int8 with the AVX512-VNNI kernel: how activation rows are quantized; `None`: the first of
     /// `gate::DEFAULT_ACTIVATIONS` the load-time gate passes (8 bits where the gate's rows keep
-    /// a third of its bound, else 16 bits as two u8 planes; `gate::quantize_behind_gate`).
+    /// a third of its bound, else 16 bits as two u8 planes; `gate::load_reduced_behind_gate`).
     pub int8_activations: Option<Int8Activations>,
     /// Most rows in one forward.
     pub max_rows: u32,
@@ -172,10 +172,11 @@ impl CandleEngine {
         let mut parity = Vec::new();
         for (name, mut checkpoint) in opened {
             let kernels = cpu_kernels.unwrap_or(CpuKernels::Gemm);
-            // int8 and bf16 on the CPU look the gate's float32 reference up first: where it is kept
-            // they reduce each matrix as it is read, else they load float32, run the gate's rows,
-            // reduce and run them again (`gate::load_reduced_behind_gate`). f16, and bf16 without
-            // its kernels, run the gate's rows against a float32 load on the CPU.
+            // int8 and bf16 on the CPU reduce each matrix as it is read, the gate's float32
+            // reference read back where it is kept, else computed through each float32 layer just
+            // before it is reduced (`gate::load_reduced_behind_gate`). f16, and bf16 without its
+            // kernels, load in that precision and run the gate's rows against the float32 forward on
+            // the CPU, run one layer at a time (`gate::half_precision_behind_gate`).
             let reduced = match precision {
                 Precision::Int8 if device.device.is_cpu() => Some(MatrixFormat::Int8),
                 Precision::Bf16 if bf16_kernels => Some(MatrixFormat::Bf16),
@@ -193,15 +194,12 @@ impl CandleEngine {
                     )?;
                     return Ok((model, Some(report)));
                 }
-                let mut model = LayaModel::load_with_kernels(name, &checkpoint, &device.device, load_dtype, kernels)?;
+                let model = LayaModel::load_with_kernels(name, &checkpoint, &device.device, load_dtype, kernels)?;
                 let report = match precision {
-                    Precision::Int8 => Some(gate::quantize_behind_gate(
-                        name,
-                        &checkpoint,
-                        &mut model,
-                        options.int8_activations,
-                        gate_cache.as_ref(),
-                    )?),
+                    // Never here: int8 is refused off the CPU above, and on the CPU it is reduced.
+                    Precision::Int8 => {
+                        return Err(LoadError::Device("dtype int8 runs on the CPU only".to_owned()));
+                    }
                     Precision::F16 | Precision::Bf16 => Some(gate::half_precision_behind_gate(
                         name,
                         &checkpoint,

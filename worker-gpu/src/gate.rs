@@ -89,31 +89,6 @@ pub fn gate_batches(checkpoint: &Checkpoint) -> Result<Vec<Vec<Row>>, String> {
         .collect()
 }
 
-/// Runs the gate on `model` (loaded in float32 on the CPU): the float32 outputs first, then the
-/// encoder is quantized to int8 and the same rows run again. On success the model stays in int8
-/// and the report says how close it came; otherwise the checkpoint is refused with the numbers.
-///
-/// With the VNNI kernel, `activations` says how activation rows are quantized; without it, each of
-/// [`DEFAULT_ACTIVATIONS`] in turn until one passes (a refusal logged and named in the report's
-/// executor). The report's executor names the kernel and activations that ran.
-///
-/// 8-bit activations pass this gate's 8 rows on some fixture checkpoints but not upstream's 169
-/// golden rows (plain u8: max |Δp| 0.050; `u8o:4`: 0.025; `u8o:16`, 16 of 128 values per row held
-/// apart: 0.029; 16 bits: 0.017; `u8o:32` keeps them but costs what 16 bits cost;
-/// docs/benchmarks.md), so the gate's plain rule alone does not show that 8 bits are safe to serve:
-/// by default they must stay within a third of it ([`FALLBACK_MARGIN`]), else 16 bits are served.
-/// Asked for alone (`int8_activations`), a choice runs behind the plain rule.
-pub fn quantize_behind_gate(
-    name: &str,
-    checkpoint: &Checkpoint,
-    model: &mut LayaModel,
-    activations: Option<Int8Activations>,
-    cache: Option<&ReferenceCache>,
-) -> Result<ParityReport, LoadError> {
-    let choices = activation_choices(activations.as_ref());
-    quantize_behind_gate_trying(name, checkpoint, model, choices, cache)
-}
-
 /// What the gate tries: the activations asked for alone, else [`DEFAULT_ACTIVATIONS`].
 fn activation_choices(activations: Option<&Int8Activations>) -> &[Int8Activations] {
     match activations {
@@ -123,19 +98,47 @@ fn activation_choices(activations: Option<&Int8Activations>) -> &[Int8Activation
 }
 
 /// Loads `checkpoint` on the CPU with its encoder and head-layer matrices in `format` (int8 or the
-/// bf16 kernels'), behind the gate. Every matrix is reduced as soon as it is read, so the float32
-/// model never exists whole (it made an int8 start of the full-size ModernBERT-large peak at
-/// 1.77 GB): where `cache` keeps the float32 reference of these weights, kernels, threads and rows,
-/// no float32 forward is needed ([`LayaModel::load_reduced`]); otherwise the gate's rows run
-/// through each layer in float32 before it is reduced ([`LayaModel::load_reduced_with_reference`])
-/// and the reference is kept for the next start. `activations` as in [`quantize_behind_gate`]
-/// (int8 only).
+/// bf16 kernels'), behind the gate: served only if its outputs on the gate's rows pass the parity
+/// rule against the float32 forward's; otherwise the checkpoint is refused with the numbers.
+///
+/// Every matrix is reduced as soon as it is read, so the float32 model never exists whole (it made
+/// an int8 start of the full-size ModernBERT-large peak at 1.8 GB): where `cache` keeps the float32
+/// reference of these weights, kernels, threads and rows, no float32 forward is needed
+/// ([`LayaModel::load_reduced`]); otherwise the gate's rows run through each layer in float32
+/// before it is reduced ([`LayaModel::load_reduced_with_reference`]) and the reference is kept for
+/// the next start.
+///
+/// int8 with the VNNI kernel: `activations` says how activation rows are quantized; without it,
+/// each of [`DEFAULT_ACTIVATIONS`] in turn until one passes ([`load_reduced_behind_gate_trying`]).
+/// 8-bit activations pass this gate's 8 rows on some fixture checkpoints but not upstream's 169
+/// golden rows (plain u8: max |Δp| 0.050; `u8o:4`: 0.025; `u8o:16`, 16 of 128 values per row held
+/// apart: 0.029; 16 bits: 0.017; `u8o:32` keeps them but costs what 16 bits cost;
+/// docs/benchmarks.md), so the gate's plain rule alone does not show that 8 bits are safe to serve:
+/// by default they must stay within a third of it ([`FALLBACK_MARGIN`]), else 16 bits are served.
+/// Asked for alone (`int8_activations`), a choice runs behind the plain rule.
 pub fn load_reduced_behind_gate(
     name: &str,
     checkpoint: &Checkpoint,
     kernels: CpuKernels,
     format: MatrixFormat,
     activations: Option<Int8Activations>,
+    cache: Option<&ReferenceCache>,
+) -> Result<(LayaModel, ParityReport), LoadError> {
+    let choices = activation_choices(activations.as_ref());
+    load_reduced_behind_gate_trying(name, checkpoint, kernels, format, choices, cache)
+}
+
+/// [`load_reduced_behind_gate`] trying the VNNI kernel's int8 activation `choices` in turn: the
+/// first the gate passes is served (every choice but the last within [`FALLBACK_MARGIN`] of the
+/// bound), a refused one is logged and named in the executor of the report that passes; the last
+/// one's refusal refuses the checkpoint. The AVX2 and portable kernels' activations are fixed (i16):
+/// they run once, whatever `choices` holds; bf16 ignores them.
+pub fn load_reduced_behind_gate_trying(
+    name: &str,
+    checkpoint: &Checkpoint,
+    kernels: CpuKernels,
+    format: MatrixFormat,
+    choices: &[Int8Activations],
     cache: Option<&ReferenceCache>,
 ) -> Result<(LayaModel, ParityReport), LoadError> {
     let precision = match format {
@@ -185,49 +188,14 @@ pub fn load_reduced_behind_gate(
         }
     };
     let report = match format {
-        MatrixFormat::Int8 => {
-            let choices = activation_choices(activations.as_ref());
-            judge_int8(name, checkpoint, &mut model, choices, &batches, &reference)?
-        }
+        MatrixFormat::Int8 => judge_int8(name, checkpoint, &mut model, choices, &batches, &reference)?,
         _ => judge_bf16(name, checkpoint, &model, &batches, &reference)?,
     };
     Ok((model, report))
 }
 
-/// [`quantize_behind_gate`] trying the VNNI kernel's `choices` in turn: the first the gate passes
-/// is served (every choice but the last within [`FALLBACK_MARGIN`] of the bound), a refused one is
-/// logged and named in the executor of the report that passes; the last one's refusal refuses the
-/// checkpoint. The AVX2 and portable kernels' activations are fixed
-/// (i16): they run once, whatever `choices` holds.
-pub fn quantize_behind_gate_trying(
-    name: &str,
-    checkpoint: &Checkpoint,
-    model: &mut LayaModel,
-    choices: &[Int8Activations],
-    cache: Option<&ReferenceCache>,
-) -> Result<ParityReport, LoadError> {
-    let refuse = refusal(name, Precision::Int8);
-    let started = std::time::Instant::now();
-    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let reference = float32_reference(name, cache, model.cpu_reference_setup(), &batches, || {
-        run(model, &batches, "float32", &refuse)
-    })?;
-    let reference_ms = started.elapsed().as_secs_f64() * 1e3;
-    model
-        .quantize_encoder()
-        .map_err(|e| refuse(format!("quantizing the encoder: {e}")))?;
-    let quantize_ms = started.elapsed().as_secs_f64() * 1e3 - reference_ms;
-    tracing::info!(
-        checkpoint = name,
-        reference_ms,
-        quantize_ms,
-        "int8 gate: float32 reference ready, encoder quantized"
-    );
-    judge_int8(name, checkpoint, model, choices, &batches, &reference)
-}
-
 /// The gate's int8 side on a quantized `model`: each of `choices` in turn against `reference`
-/// (see [`quantize_behind_gate_trying`]).
+/// (see [`load_reduced_behind_gate_trying`]).
 fn judge_int8(
     name: &str,
     checkpoint: &Checkpoint,
@@ -302,27 +270,6 @@ pub const DEFAULT_ACTIVATIONS: [Int8Activations; 2] = [Int8Activations::U8, Int8
 /// only where the gate's worst row is under a third of the bound, which no fixture checkpoint's is
 /// (16 bits reach 0.007–0.017 there) and the full-size ModernBERT-large's is (u8: 0.0016 / 0.0055).
 pub const FALLBACK_MARGIN: f64 = 3.0;
-
-/// Runs the gate on `model` (loaded in float32 on the CPU, packed for AVX-512): the float32
-/// outputs first, then the encoder's matrices switch to the AVX512_BF16 kernel (AMX tiles for the
-/// `amx` family) and the same rows run again. On success the model stays in bf16 and the report
-/// says how close it came.
-pub fn bf16_kernels_behind_gate(
-    name: &str,
-    checkpoint: &Checkpoint,
-    model: &mut LayaModel,
-    cache: Option<&ReferenceCache>,
-) -> Result<ParityReport, LoadError> {
-    let refuse = refusal(name, Precision::Bf16);
-    let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
-    let reference = float32_reference(name, cache, model.cpu_reference_setup(), &batches, || {
-        run(model, &batches, "float32", &refuse)
-    })?;
-    model
-        .bf16_encoder()
-        .map_err(|e| refuse(format!("rounding the encoder to bf16: {e}")))?;
-    judge_bf16(name, checkpoint, model, &batches, &reference)
-}
 
 /// The gate's bf16 side on a `model` in the bf16 kernels' format, against `reference`.
 fn judge_bf16(

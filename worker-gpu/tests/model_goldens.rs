@@ -440,18 +440,23 @@ fn the_default_serves_eight_bits_only_within_the_margin() {
         return;
     }
     let (name, checkpoint) = fixture("english");
-    let model = || load_avx512(name, &checkpoint);
-    let alone =
-        worker_gpu::gate::quantize_behind_gate_trying(name, &checkpoint, &mut model(), &[Int8Activations::U8], None)
-            .expect("u8 alone passes the plain rule on english");
+    let load = |choices: &[Int8Activations]| {
+        worker_gpu::gate::load_reduced_behind_gate_trying(
+            name,
+            &checkpoint,
+            CpuKernels::Avx512,
+            MatrixFormat::Int8,
+            choices,
+            None,
+        )
+    };
+    let (_, alone) = load(&[Int8Activations::U8]).expect("u8 alone passes the plain rule on english");
     let margin = worker_gpu::parity::TOLERANCE / worker_gpu::gate::FALLBACK_MARGIN;
     assert!(
         alone.max_probability_diff.max(alone.max_act_probability_diff) > margin,
         "u8 within the margin on english: {alone:?}"
     );
-    let mut default = model();
-    let report = worker_gpu::gate::quantize_behind_gate(name, &checkpoint, &mut default, None, None)
-        .expect("the default passes");
+    let (default, report) = load(&worker_gpu::gate::DEFAULT_ACTIVATIONS).expect("the default passes");
     assert!(
         report.executor.contains("u16 activations, after u8 failed the gate"),
         "{report:?}"
@@ -470,17 +475,18 @@ fn the_gate_falls_back_to_the_next_activation_choice() {
         return;
     }
     let (name, checkpoint) = fixture("typed-decisions");
-    let model = || load_avx512(name, &checkpoint);
+    let load = |choices: &[Int8Activations]| {
+        worker_gpu::gate::load_reduced_behind_gate_trying(
+            name,
+            &checkpoint,
+            CpuKernels::Avx512,
+            MatrixFormat::Int8,
+            choices,
+            None,
+        )
+    };
     let two = Int8Activations::U8Outliers(2);
-    let mut fallback = model();
-    let report = worker_gpu::gate::quantize_behind_gate_trying(
-        name,
-        &checkpoint,
-        &mut fallback,
-        &[two, Int8Activations::U16],
-        None,
-    )
-    .expect("u16 passes after u8o:2");
+    let (fallback, report) = load(&[two, Int8Activations::U16]).expect("u16 passes after u8o:2");
     assert!(
         report
             .executor
@@ -488,8 +494,9 @@ fn the_gate_falls_back_to_the_next_activation_choice() {
         "{report:?}"
     );
     assert_eq!(fallback.int8_activations(), Some(Int8Activations::U16));
-    let refused = worker_gpu::gate::quantize_behind_gate_trying(name, &checkpoint, &mut model(), &[two], None)
-        .expect_err("u8o:2 alone is refused");
+    let Err(refused) = load(&[two]) else {
+        panic!("u8o:2 alone is refused")
+    };
     assert!(refused.to_string().contains("typed-decisions"), "{refused}");
 }
 

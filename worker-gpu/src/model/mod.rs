@@ -355,16 +355,6 @@ impl LayaModel {
         self.encoder.int8_activations()
     }
 
-    /// What this model's float32 forward on the CPU runs with, for the gate's reference cache: its
-    /// weights, the kernel family it was packed for, the current thread pool's size.
-    pub(crate) fn cpu_reference_setup(&self) -> crate::reference_cache::ReferenceSetup<'_> {
-        crate::reference_cache::ReferenceSetup {
-            weights_sha256: &self.weights_sha256,
-            kernels: self.encoder.kernels(),
-            threads: rayon::current_num_threads(),
-        }
-    }
-
     /// The int8 kernel and its activations (`avx512-vnni u8 activations`), once quantized.
     pub fn int8_kernel(&self) -> Option<String> {
         self.encoder.int8_kernel()
