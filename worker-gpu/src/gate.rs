@@ -154,38 +154,33 @@ pub fn load_reduced_behind_gate_trying(
     let batches = gate_batches(checkpoint).map_err(|e| refuse(format!("building the gate's rows: {e}")))?;
     // Hashed here (not while loading) only to look the reference up before anything is built.
     let weights_sha256 = cache.and_then(|_| crate::weights::file_sha256(&checkpoint.weights.path).ok());
-    let entry = cache
-        .zip(weights_sha256.as_deref())
-        .and_then(|(cache, weights_sha256)| {
-            let setup = ReferenceSetup {
-                weights_sha256,
-                kernels,
-                threads: rayon::current_num_threads(),
-            };
-            Some((cache, ReferenceCache::key(setup, &batches)?))
-        });
-    let kept = entry
-        .as_ref()
-        .and_then(|(cache, key)| kept_entry(name, cache, key, &batches));
-    let (mut model, reference) = match kept {
-        Some(reference) => {
-            let model = LayaModel::load_reduced(name, checkpoint, kernels, format, weights_sha256)?;
-            (model, reference)
-        }
-        None => {
-            let started = std::time::Instant::now();
-            let (model, reference) =
-                LayaModel::load_reduced_with_reference(name, checkpoint, kernels, format, weights_sha256, &batches)?;
-            tracing::info!(
-                checkpoint = name,
-                load_ms = started.elapsed().as_secs_f64() * 1e3,
-                "{precision} gate: float32 reference computed while loading, layer by layer"
-            );
-            if let Some((cache, key)) = &entry {
-                keep(name, cache, key, &reference);
-            }
-            (model, reference)
-        }
+    let setup = weights_sha256.as_deref().map(|weights_sha256| ReferenceSetup {
+        weights_sha256,
+        kernels,
+        threads: rayon::current_num_threads(),
+    });
+    let mut built = None;
+    let reference = float32_reference(name, cache, setup, &batches, || {
+        let started = std::time::Instant::now();
+        let (model, reference) = LayaModel::load_reduced_with_reference(
+            name,
+            checkpoint,
+            kernels,
+            format,
+            weights_sha256.clone(),
+            &batches,
+        )?;
+        tracing::info!(
+            checkpoint = name,
+            load_ms = started.elapsed().as_secs_f64() * 1e3,
+            "{precision} gate: float32 reference computed while loading, layer by layer"
+        );
+        built = Some(model);
+        Ok(reference)
+    })?;
+    let mut model = match built {
+        Some(model) => model,
+        None => LayaModel::load_reduced(name, checkpoint, kernels, format, weights_sha256)?,
     };
     let report = match format {
         MatrixFormat::Int8 => judge_int8(name, checkpoint, &mut model, choices, &batches, &reference)?,
@@ -317,7 +312,7 @@ pub fn half_precision_behind_gate(
         kernels: CpuKernels::detect(),
         threads: rayon::current_num_threads(),
     };
-    let reference = float32_reference(name, cache, setup, &batches, || {
+    let reference = float32_reference(name, cache, Some(setup), &batches, || {
         let weights_sha256 = Some(model.weights_sha256.clone());
         LayaModel::float32_outputs(name, checkpoint, setup.kernels, weights_sha256, &batches)
     })?;
@@ -334,28 +329,27 @@ pub fn half_precision_behind_gate(
 }
 
 /// The float32 outputs of `batches` run with `setup`: read from `cache` where it keeps them,
-/// else computed by `compute` and kept there (a failed write is logged, the start goes on).
+/// else computed by `compute` and kept there (a failed write is logged, the start goes on). Without
+/// a `setup` (the weights' hash unknown) the cache is not used.
 fn float32_reference(
     name: &str,
     cache: Option<&ReferenceCache>,
-    setup: ReferenceSetup<'_>,
+    setup: Option<ReferenceSetup<'_>>,
     batches: &[Vec<Row>],
     compute: impl FnOnce() -> Result<Vec<RowOutput>, LoadError>,
 ) -> Result<Vec<RowOutput>, LoadError> {
-    let Some((cache, key)) = cache.and_then(|cache| Some((cache, ReferenceCache::key(setup, batches)?))) else {
+    let Some((cache, key)) = cache
+        .zip(setup)
+        .and_then(|(cache, setup)| Some((cache, ReferenceCache::key(setup, batches)?)))
+    else {
         return compute();
     };
-    if let Some(kept) = kept_entry(name, cache, &key, batches) {
+    if let Some(kept) = cache.load(&key, batches) {
+        tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
         return Ok(kept);
     }
     let outputs = compute()?;
-    keep(name, cache, &key, &outputs);
-    Ok(outputs)
-}
-
-/// Keeps `outputs` as `cache`'s entry `key` (a failed write is logged, the start goes on).
-fn keep(name: &str, cache: &ReferenceCache, key: &str, outputs: &[RowOutput]) {
-    match cache.store(key, outputs) {
+    match cache.store(&key, &outputs) {
         Ok(()) => tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference kept"),
         Err(error) => tracing::warn!(
             checkpoint = name,
@@ -364,13 +358,7 @@ fn keep(name: &str, cache: &ReferenceCache, key: &str, outputs: &[RowOutput]) {
             "gate: float32 reference not kept; the next start computes it again (XDG_CACHE_HOME or the worker's --gate-cache name another directory)"
         ),
     }
-}
-
-/// The entry `key` of `cache`, where it reads back as `batches`' outputs.
-fn kept_entry(name: &str, cache: &ReferenceCache, key: &str, batches: &[Vec<Row>]) -> Option<Vec<RowOutput>> {
-    let kept = cache.load(key, batches)?;
-    tracing::info!(checkpoint = name, dir = %cache.dir().display(), %key, "gate: float32 reference read back");
-    Some(kept)
+    Ok(outputs)
 }
 
 /// How a failed step of the gate refuses the checkpoint.

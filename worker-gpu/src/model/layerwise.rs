@@ -68,7 +68,7 @@ impl LayerwiseForward {
     pub(crate) fn encoded(&mut self, encoder: &Encoder) -> candle_core::Result<()> {
         for flight in &mut self.batches {
             let (_, hidden) = flight.embedded(encoder)?;
-            *hidden = encoder.final_norm(hidden)?;
+            *hidden = encoder.normed_output(hidden)?;
         }
         self.head_layers = Some(0);
         Ok(())

@@ -148,22 +148,7 @@ impl LayaModel {
         weights_sha256: Option<String>,
         batches: &[Vec<Row>],
     ) -> Result<(Self, Vec<RowOutput>), LoadError> {
-        let mut reference = LayerwiseForward::new(batches, &Device::Cpu, true)
-            .map_err(|e| LoadError::Device(format!("laying out the reference rows: {e}")))?;
-        let model = Self::load_inner(
-            name,
-            checkpoint,
-            &Device::Cpu,
-            DType::F32,
-            checkpoint.agent.max_len,
-            (kernels, format),
-            weights_sha256,
-            Some(&mut reference),
-        )?;
-        let outputs = reference
-            .outputs(&model.head)
-            .map_err(|e| LoadError::Device(format!("the reference rows' scores: {e}")))?;
-        Ok((model, outputs))
+        Self::load_running_rows(name, checkpoint, (kernels, format), weights_sha256, batches, true)
     }
 
     /// The float32 outputs of `batches` on `checkpoint`, run on the CPU one layer at a time while
@@ -179,22 +164,37 @@ impl LayaModel {
         weights_sha256: Option<String>,
         batches: &[Vec<Row>],
     ) -> Result<Vec<RowOutput>, LoadError> {
-        let mut reference = LayerwiseForward::new(batches, &Device::Cpu, false)
+        let finish = (kernels, MatrixFormat::Float32);
+        // The model comes back without its layers, and is dropped here.
+        Self::load_running_rows(name, checkpoint, finish, weights_sha256, batches, false).map(|(_, outputs)| outputs)
+    }
+
+    /// A CPU load whose matrices are finished in `format`, `batches` run through each layer in
+    /// float32 before it is reduced, and kept (`keep_layers`) or dropped; the rows' outputs.
+    fn load_running_rows(
+        name: &str,
+        checkpoint: &Checkpoint,
+        finish: (CpuKernels, MatrixFormat),
+        weights_sha256: Option<String>,
+        batches: &[Vec<Row>],
+        keep_layers: bool,
+    ) -> Result<(Self, Vec<RowOutput>), LoadError> {
+        let mut reference = LayerwiseForward::new(batches, &Device::Cpu, keep_layers)
             .map_err(|e| LoadError::Device(format!("laying out the reference rows: {e}")))?;
-        // A model without its layers: only its head's scorer is used below, then it is dropped.
-        let layerless = Self::load_inner(
+        let model = Self::load_inner(
             name,
             checkpoint,
             &Device::Cpu,
             DType::F32,
             checkpoint.agent.max_len,
-            (kernels, MatrixFormat::Float32),
+            finish,
             weights_sha256,
             Some(&mut reference),
         )?;
-        reference
-            .outputs(&layerless.head)
-            .map_err(|e| LoadError::Device(format!("the reference rows' scores: {e}")))
+        let outputs = reference
+            .outputs(&model.head)
+            .map_err(|e| LoadError::Device(format!("the reference rows' scores: {e}")))?;
+        Ok((model, outputs))
     }
 
     /// [`LayaModel::load`] with RoPE tables for at least `positions` positions, for callers that pad

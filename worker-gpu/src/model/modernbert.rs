@@ -271,7 +271,7 @@ impl Encoder {
     }
 
     /// The last layer's output to the encoder's: the final norm.
-    pub(crate) fn final_norm(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn normed_output(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.final_norm.forward(x)
     }
 
