@@ -2,7 +2,8 @@
 # Paired check of two builds of the in-process forward (e.g. two profile settings): runs layad-bench
 # from binary A and binary B interleaved A B B A A B B A on the full-size ModernBERT-large random
 # checkpoint (ROWS rows, 1 unless set, of each of LENGTHS tokens, 64 and 512 unless set; f32 unless
-# PRECISIONS says more, each with the kernel families in KERNELS), and prints, per engine and length, the median p50 of each side and the ratio
+# PRECISIONS says more, each with the kernel families in KERNELS; int8 with ACTIVATIONS, the
+# engine's default unless set), and prints, per engine and length, the median p50 of each side and the ratio
 # B/A. Engines are paired by their place in the run (the same PRECISIONS and KERNELS on both sides),
 # so two builds that name a kernel differently still pair. Take the exclusive CPU lock so nothing
 # else runs meanwhile.
@@ -12,12 +13,13 @@
 set -euo pipefail
 A=${1:?layad-bench binary A}; B=${2:?layad-bench binary B}; OUT=${3:-target/bench/forward-ab}
 RUNS=${RUNS:-6}; THREADS=${THREADS:-2}; LENGTHS=${LENGTHS:-64,512}; ROWS=${ROWS:-1}; PRECISIONS=${PRECISIONS:-f32}; KERNELS=${KERNELS:-auto}
+ACTIVATIONS=${ACTIVATIONS:-auto}
 mkdir -p "$OUT"
 grep -m1 "model name" /proc/cpuinfo; uptime
 i=0
 for side in A B B A A B B A; do
     i=$((i + 1)); bin=$A; [ "$side" = B ] && bin=$B
-    "$bin" --out-dir "$OUT" --models modernbert-large --lengths "$LENGTHS" --rows "$ROWS" --precisions "$PRECISIONS" --cpu-kernels "$KERNELS" --python none \
+    "$bin" --out-dir "$OUT" --models modernbert-large --lengths "$LENGTHS" --rows "$ROWS" --precisions "$PRECISIONS" --cpu-kernels "$KERNELS" --int8-activations "$ACTIVATIONS" --python none \
         --min-runs "$RUNS" --max-runs "$RUNS" --threads "$THREADS" --json "$OUT/run-$i-$side.json" >/dev/null 2>&1
 done
 python3 - "$OUT" <<'PY'

@@ -1,13 +1,15 @@
 //! Loading broken copies of the fixture checkpoint: a removed, renamed, reshaped, surplus or
-//! integer tensor, or a head depth the file does not have, fails with an error naming the tensor.
+//! integer tensor, or a head depth the file does not have, fails with an error naming the tensor;
+//! and edited ones that must load: other storage dtypes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use laya::checkpoint::{Location, find_in_hf_cache};
+use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::routing::CheckpointName;
-use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, LoadError};
+use layad_proto::Row;
+use worker_gpu::{CandleEngine, DeviceRequest, EngineOptions, LayaModel, LoadError, MatrixFormat};
 
 fn fixture_dir(name: CheckpointName) -> PathBuf {
     let cache = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf-cache/hub"));
@@ -183,5 +185,46 @@ fn f32_and_bf16_files_load_like_f16() {
         };
         CandleEngine::load(&[("english".to_owned(), Location::directory(dir.path()))], options)
             .unwrap_or_else(|e| panic!("{dtype:?} weights: {e}"));
+    }
+}
+
+/// An embedding table stored in f16 or bf16 is kept so (half the memory of converting it at load)
+/// and answers exactly as the same values stored in f32: the norm after the gather converts each
+/// row exactly. Checked on the gate's rows, with the matrices in float32, int8 and (where the CPU
+/// has AVX512_BF16) bf16.
+#[test]
+fn a_half_precision_embedding_table_answers_like_its_f32_copy() {
+    const TABLE: &str = "encoder.embeddings.tok_embeddings.weight";
+    let kernels = worker_gpu::CpuKernels::detect();
+    let mut formats = vec![MatrixFormat::Float32, MatrixFormat::Int8];
+    if matches!(kernels, worker_gpu::CpuKernels::Amx | worker_gpu::CpuKernels::Avx512)
+        && layad_cpu_kernels::bf16::available()
+    {
+        formats.push(MatrixFormat::Bf16);
+    }
+    for stored in [DType::F16, DType::BF16] {
+        // The same values (rounded to `stored` once), stored as `file`.
+        let copy = |file: DType| {
+            broken_checkpoint(
+                |t| {
+                    let table = t.get_mut(TABLE).expect("the embedding table");
+                    *table = table.to_dtype(stored).and_then(|x| x.to_dtype(file)).expect("convert");
+                },
+                |_| {},
+            )
+        };
+        let (half, full) = (copy(stored), copy(DType::F32));
+        let open = |dir: &Path| Checkpoint::open(Location::directory(dir)).expect("open");
+        let (half, full) = (open(half.path()), open(full.path()));
+        let rows: Vec<Row> = worker_gpu::gate::gate_batches(&half).expect("rows").concat();
+        for &format in &formats {
+            let answers = |checkpoint: &Checkpoint| {
+                LayaModel::load_reduced("english", checkpoint, kernels, format, None)
+                    .expect("load")
+                    .forward(&rows)
+                    .expect("forward")
+            };
+            assert_eq!(answers(&half), answers(&full), "{stored:?} table, {format:?} matrices");
+        }
     }
 }
