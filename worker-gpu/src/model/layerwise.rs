@@ -19,7 +19,7 @@ use super::row_outputs;
 /// The batches in flight through the layers loaded so far.
 pub(crate) struct LayerwiseForward {
     batches: Vec<InFlight>,
-    /// Head layers run so far; `None` while the encoder's run.
+    /// Head layers run so far; `None` while the encoder runs.
     head_layers: Option<usize>,
     /// Whether the load keeps each layer once run (reduced), or drops it (the rows' outputs are
     /// all that is wanted).
@@ -83,9 +83,9 @@ impl LayerwiseForward {
         layer: &HeadLayer,
         last: bool,
     ) -> candle_core::Result<bool> {
-        let Some(done) = self.head_layers else {
-            candle_core::bail!("a head layer before the encoder's output")
-        };
+        let done = self
+            .head_layers
+            .ok_or_else(|| unexpected("a head layer before the encoder's output"))?;
         for flight in &mut self.batches {
             let (masks, hidden) = flight.state.as_mut().ok_or_else(|| unexpected("no encoder output"))?;
             if done == 0 {
@@ -99,9 +99,9 @@ impl LayerwiseForward {
 
     /// The rows' outputs, batch after batch in row order, once every head layer ran.
     pub(crate) fn outputs(self, head: &DecisionHead) -> candle_core::Result<Vec<RowOutput>> {
-        let Some(done) = self.head_layers else {
-            candle_core::bail!("outputs before the encoder's output")
-        };
+        let done = self
+            .head_layers
+            .ok_or_else(|| unexpected("outputs before the encoder's output"))?;
         let mut outputs = Vec::new();
         for flight in self.batches {
             let (_, mut hidden) = flight.state.ok_or_else(|| unexpected("no encoder output"))?;
