@@ -418,16 +418,33 @@ fn fixture(name: &str) -> (&'static str, Checkpoint) {
     (found.as_str(), Checkpoint::open(location(found)).expect("open"))
 }
 
-/// `checkpoint` loaded in f32 on the CPU, packed for the AVX-512 kernels (the gate's starting point).
-fn load_avx512(name: &str, checkpoint: &Checkpoint) -> LayaModel {
+/// `checkpoint` loaded in f32 on the CPU, packed for the `kernels` family.
+fn load_float32(name: &str, checkpoint: &Checkpoint, kernels: CpuKernels) -> LayaModel {
     LayaModel::load_with_kernels(
         name,
         checkpoint,
         &candle_core::Device::Cpu,
         candle_core::DType::F32,
-        CpuKernels::Avx512,
+        kernels,
     )
     .expect("load")
+}
+
+/// `checkpoint` in int8 for the AVX-512 family behind the gate, trying the activation `choices` in
+/// turn (as the engine loads it).
+fn gated_avx512_int8(
+    name: &str,
+    checkpoint: &Checkpoint,
+    choices: &[Int8Activations],
+) -> Result<(LayaModel, layad_proto::ParityReport), LoadError> {
+    worker_gpu::gate::load_reduced_behind_gate_trying(
+        name,
+        checkpoint,
+        CpuKernels::Avx512,
+        MatrixFormat::Int8,
+        choices,
+        None,
+    )
 }
 
 /// By default 8 bits must keep a third of the gate's bound: on `english`, u8 alone passes the plain
@@ -440,16 +457,7 @@ fn the_default_serves_eight_bits_only_within_the_margin() {
         return;
     }
     let (name, checkpoint) = fixture("english");
-    let load = |choices: &[Int8Activations]| {
-        worker_gpu::gate::load_reduced_behind_gate_trying(
-            name,
-            &checkpoint,
-            CpuKernels::Avx512,
-            MatrixFormat::Int8,
-            choices,
-            None,
-        )
-    };
+    let load = |choices: &[Int8Activations]| gated_avx512_int8(name, &checkpoint, choices);
     let (_, alone) = load(&[Int8Activations::U8]).expect("u8 alone passes the plain rule on english");
     let margin = worker_gpu::parity::TOLERANCE / worker_gpu::gate::FALLBACK_MARGIN;
     assert!(
@@ -475,16 +483,7 @@ fn the_gate_falls_back_to_the_next_activation_choice() {
         return;
     }
     let (name, checkpoint) = fixture("typed-decisions");
-    let load = |choices: &[Int8Activations]| {
-        worker_gpu::gate::load_reduced_behind_gate_trying(
-            name,
-            &checkpoint,
-            CpuKernels::Avx512,
-            MatrixFormat::Int8,
-            choices,
-            None,
-        )
-    };
+    let load = |choices: &[Int8Activations]| gated_avx512_int8(name, &checkpoint, choices);
     let two = Int8Activations::U8Outliers(2);
     let (fallback, report) = load(&[two, Int8Activations::U16]).expect("u16 passes after u8o:2");
     assert!(
@@ -508,7 +507,7 @@ fn ungated_int8_against_goldens(activations: Int8Activations) -> parity::GateSum
         .iter()
         .map(|&name| {
             let checkpoint = Checkpoint::open(location(name)).expect("open");
-            let mut model = load_avx512(name.as_str(), &checkpoint);
+            let mut model = load_float32(name.as_str(), &checkpoint, CpuKernels::Avx512);
             model.quantize_encoder().expect("quantize");
             model.set_int8_activations(activations);
             (name.as_str().to_owned(), model, checkpoint)
@@ -633,6 +632,32 @@ fn mixed_batches_match_single_rows() {
     }
 }
 
+/// Every golden row of checkpoint `name`, case after case.
+fn golden_rows(cases: &[common::Case], name: CheckpointName) -> Vec<Row> {
+    cases
+        .iter()
+        .filter(|case| case.checkpoint == name.as_str())
+        .flat_map(|case| case.rows.iter().map(|r| r.row.clone()))
+        .collect()
+}
+
+/// Every CPU kernel family this CPU has.
+fn kernel_families() -> impl Iterator<Item = CpuKernels> {
+    [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm]
+        .into_iter()
+        .filter(|kernels| kernels.available())
+}
+
+/// The reduced formats a model packed for `kernels` runs here: int8, and the bf16 kernels' where
+/// the family is AVX-512's or AMX's and the CPU has AVX512_BF16.
+fn reduced_formats(kernels: CpuKernels) -> Vec<MatrixFormat> {
+    let mut formats = vec![MatrixFormat::Int8];
+    if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
+        formats.push(MatrixFormat::Bf16);
+    }
+    formats
+}
+
 /// A load that reduces each matrix as it reads it (`LayaModel::load_reduced`, a start whose gate
 /// reference is kept) builds exactly the model that loading in float32 and reducing afterwards
 /// builds: the same outputs bit for bit on every golden row, on every fixture checkpoint (their
@@ -643,29 +668,11 @@ fn matrices_reduced_while_loading_give_the_model_reduced_after_loading() {
     let cases = golden_cases();
     for name in CheckpointName::ALL {
         let checkpoint = Checkpoint::open(location(name)).expect("open");
-        let rows: Vec<Row> = cases
-            .iter()
-            .filter(|case| case.checkpoint == name.as_str())
-            .flat_map(|case| case.rows.iter().map(|r| r.row.clone()))
-            .collect();
+        let rows = golden_rows(&cases, name);
         assert!(!rows.is_empty(), "{name:?}: golden rows");
-        for kernels in [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
-            if !kernels.available() {
-                continue;
-            }
-            let mut formats = vec![MatrixFormat::Int8];
-            if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
-                formats.push(MatrixFormat::Bf16);
-            }
-            for format in formats {
-                let mut after = LayaModel::load_with_kernels(
-                    name.as_str(),
-                    &checkpoint,
-                    &candle_core::Device::Cpu,
-                    candle_core::DType::F32,
-                    kernels,
-                )
-                .expect("load");
+        for kernels in kernel_families() {
+            for format in reduced_formats(kernels) {
+                let mut after = load_float32(name.as_str(), &checkpoint, kernels);
                 match format {
                     MatrixFormat::Int8 => after.quantize_encoder().expect("quantize"),
                     _ => after.bf16_encoder().expect("round to bf16"),
@@ -696,26 +703,12 @@ fn rows_run_while_loading_give_the_float32_forward_and_the_reduced_model() {
     let cases = golden_cases();
     for name in CheckpointName::ALL {
         let checkpoint = Checkpoint::open(location(name)).expect("open");
-        let golden: Vec<Row> = cases
-            .iter()
-            .filter(|case| case.checkpoint == name.as_str())
-            .flat_map(|case| case.rows.iter().map(|r| r.row.clone()))
-            .collect();
+        let golden = golden_rows(&cases, name);
         let mut batches = worker_gpu::gate::gate_batches(&checkpoint).expect("gate rows");
         batches.push(Vec::new());
         batches.extend(golden.chunks(3).map(<[Row]>::to_vec));
-        for kernels in [CpuKernels::Amx, CpuKernels::Avx512, CpuKernels::Avx2, CpuKernels::Gemm] {
-            if !kernels.available() {
-                continue;
-            }
-            let float32 = LayaModel::load_with_kernels(
-                name.as_str(),
-                &checkpoint,
-                &candle_core::Device::Cpu,
-                candle_core::DType::F32,
-                kernels,
-            )
-            .expect("load");
+        for kernels in kernel_families() {
+            let float32 = load_float32(name.as_str(), &checkpoint, kernels);
             let expected: Vec<RowOutput> = batches
                 .iter()
                 .flat_map(|rows| float32.forward(rows).expect("forward"))
@@ -724,11 +717,7 @@ fn rows_run_while_loading_give_the_float32_forward_and_the_reduced_model() {
             let alone = LayaModel::float32_outputs(name.as_str(), &checkpoint, kernels, None, &batches)
                 .expect("float32 outputs, layers dropped");
             assert_eq!(alone, expected, "{name:?} {kernels}: the float32 outputs alone");
-            let mut formats = vec![MatrixFormat::Float32, MatrixFormat::Int8];
-            if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
-                formats.push(MatrixFormat::Bf16);
-            }
-            for format in formats {
+            for format in std::iter::once(MatrixFormat::Float32).chain(reduced_formats(kernels)) {
                 let label = format!("{name:?} {kernels} {format:?}");
                 let (model, outputs) =
                     LayaModel::load_reduced_with_reference(name.as_str(), &checkpoint, kernels, format, None, &batches)
