@@ -7,6 +7,7 @@
 use candle_core::{DType, Tensor};
 use layad_cpu_kernels::CpuKernels;
 use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
+use layad_proto::RowOutput;
 
 use crate::error::LoadError;
 use crate::layers::attention::attend;
@@ -55,6 +56,20 @@ pub(crate) struct HeadOutput {
     pub(crate) logits: Vec<Vec<f32>>,
     /// The raw act-head logits.
     pub(crate) act_logits: Vec<Vec<f32>>,
+}
+
+impl HeadOutput {
+    /// The rows' answers: option logits, act probabilities (float32 softmax).
+    pub(crate) fn into_rows(self) -> Vec<RowOutput> {
+        self.logits
+            .into_iter()
+            .zip(self.act_logits)
+            .map(|(logits, act_logits)| RowOutput {
+                logits,
+                act_probabilities: softmax(&act_logits),
+            })
+            .collect()
+    }
 }
 
 /// `type_emb`, the head layers, `scorer` and `act_head`.

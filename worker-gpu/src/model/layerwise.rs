@@ -14,7 +14,6 @@ use layad_proto::{Row, RowOutput};
 use super::batch::PaddedBatch;
 use super::decision_head::{DecisionHead, HeadLayer};
 use super::modernbert::{Encoder, EncoderLayer, ForwardMasks};
-use super::row_outputs;
 
 /// The batches in flight through the layers loaded so far.
 pub(crate) struct LayerwiseForward {
@@ -110,7 +109,7 @@ impl LayerwiseForward {
                     .typed(&hidden, &flight.batch)?
                     .index_select(&flight.batch.selected, 0)?;
             }
-            outputs.extend(row_outputs(head.score(&hidden, &flight.batch)?));
+            outputs.extend(head.score(&hidden, &flight.batch)?.into_rows());
         }
         Ok(outputs)
     }

@@ -20,7 +20,7 @@ use crate::layers::attention::SlidingPlan;
 pub use crate::layers::linear::MatrixFormat;
 use crate::weights::Weights;
 use batch::PaddedBatch;
-use decision_head::{DecisionHead, HeadLayer, HeadLayerHook, HeadOutput};
+use decision_head::{DecisionHead, HeadLayer, HeadLayerHook};
 use layerwise::LayerwiseForward;
 use modernbert::{Encoder, EncoderLayer, EncoderLayerHook, ForwardMasks};
 
@@ -395,18 +395,6 @@ impl LayaModel {
         let masks = self.encoder.masks(&batch.lengths, batch.len, &self.device)?;
         let hidden = self.encoder.forward(&batch.ids, (batch.rows(), batch.len), &masks)?;
         let out = self.head.forward(&hidden, &batch, masks.key_padding.as_ref())?;
-        Ok(row_outputs(out))
+        Ok(out.into_rows())
     }
-}
-
-/// The head's outputs as the rows' answers: option logits, act probabilities (float32 softmax).
-fn row_outputs(out: HeadOutput) -> Vec<RowOutput> {
-    out.logits
-        .into_iter()
-        .zip(out.act_logits)
-        .map(|(logits, act_logits)| RowOutput {
-            logits,
-            act_probabilities: decision_head::softmax(&act_logits),
-        })
-        .collect()
 }
