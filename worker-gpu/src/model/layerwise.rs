@@ -2,7 +2,7 @@
 //! reference rows on a start that has no kept reference. Each encoder and head layer, finished in
 //! float32, runs every batch's hidden states, and only then is reduced (int8, bf16) and the next
 //! layer read, so the float32 model never exists whole: a first int8 start of the full-size
-//! ModernBERT-large peaked at 1.8 GB building it, for a model that serves in 0.6 GB.
+//! ModernBERT-large peaked at 1.8 GB building it, for a model that serves in 0.5–0.6 GB.
 //!
 //! The outputs are [`super::LayaModel::forward`]'s on the float32 model, bit for bit: each batch
 //! goes through the same ops on the same tensors in the same order; only the order between batches

@@ -116,11 +116,6 @@ impl LayaModel {
         format: MatrixFormat,
         weights_sha256: Option<String>,
     ) -> Result<Self, LoadError> {
-        if format == MatrixFormat::Bf16 && !layad_cpu_kernels::bf16::available() {
-            return Err(LoadError::Device(
-                "the bf16 kernel needs a CPU with AVX512_BF16".to_owned(),
-            ));
-        }
         let finish = (kernels, format);
         let positions = checkpoint.agent.max_len;
         Self::load_inner(
@@ -225,6 +220,12 @@ impl LayaModel {
     ) -> Result<Self, LoadError> {
         if !kernels.available() {
             return Err(LoadError::Device(format!("this CPU has no {kernels} kernels")));
+        }
+        // Every load that leaves its matrices in bf16 (with or without the reference rows).
+        if format == MatrixFormat::Bf16 && !layad_cpu_kernels::bf16::available() {
+            return Err(LoadError::Device(
+                "the bf16 kernel needs a CPU with AVX512_BF16".to_owned(),
+            ));
         }
         let config = &checkpoint.encoder;
         if config.biases {
