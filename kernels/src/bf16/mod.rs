@@ -88,10 +88,13 @@ impl Bf16Weight {
                 .par_chunks_mut(pairs * 2 * NR)
                 .enumerate()
                 .for_each(|(p, panel)| {
-                    for c in 0..NR.min(n - p * NR) {
-                        let col = p * NR + c;
-                        for depth in 0..k {
-                            panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = to_bf16(value(depth, col));
+                    // Depth by depth across the panel's columns, as the sources keep them (see
+                    // `QuantizedWeight::quantize_with`).
+                    let width = NR.min(n - p * NR);
+                    for depth in 0..k {
+                        let at = (depth / 2) * 2 * NR + depth % 2;
+                        for c in 0..width {
+                            panel[at + 2 * c] = to_bf16(value(depth, p * NR + c));
                         }
                     }
                 });

@@ -150,10 +150,8 @@ impl PackedWeight {
     /// The weight rounded to bf16 for the AVX512_BF16 kernel (AMX's tiles for the `amx` family),
     /// read straight from the panels.
     pub fn to_bf16(&self) -> Bf16Weight {
-        let (k, nr, panels) = (self.k, self.nr, &self.panels);
-        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
         let rounded = Bf16Weight::pack_with(
-            value,
+            self.value_at(),
             self.k,
             self.n,
             self.bias.clone(),
@@ -162,11 +160,18 @@ impl PackedWeight {
         rounded.with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 
+    /// Entry `(depth, col)` of the weight, read from the panels. The panel width is a power of
+    /// two, so a column's panel and place in it are a shift and a mask, not two divisions by a
+    /// width known only at run time, for each of the weight's values.
+    fn value_at(&self) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
+        debug_assert!(self.nr.is_power_of_two());
+        let (k, shift, mask, panels) = (self.k, self.nr.trailing_zeros(), self.nr - 1, &self.panels);
+        move |depth: usize, col: usize| panels[(((col >> shift) * k + depth) << shift) | (col & mask)]
+    }
+
     /// The weight quantized to int8 for `kernel`, read straight from the panels.
     pub fn quantize(&self, kernel: Int8Kernel) -> QuantizedWeight {
-        let (k, nr, panels) = (self.k, self.nr, &self.panels);
-        let value = |depth: usize, col: usize| panels[(col / nr) * k * nr + depth * nr + col % nr];
-        QuantizedWeight::quantize_with(value, self.k, self.n, self.bias.clone(), kernel)
+        QuantizedWeight::quantize_with(self.value_at(), self.k, self.n, self.bias.clone(), kernel)
             .with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 

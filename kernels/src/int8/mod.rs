@@ -159,10 +159,18 @@ impl QuantizedWeight {
         bias: Option<Vec<f32>>,
         kernel: Int8Kernel,
     ) -> Self {
-        let column_max: Vec<f32> = (0..n)
-            .into_par_iter()
-            .map(|col| (0..k).fold(0f32, |m, depth| m.max(value(depth, col).abs())))
-            .collect();
+        // Both passes read depth by depth across a few columns: every source keeps a depth's
+        // columns side by side (a row-major matrix's row, a packed panel's slice), where reading a
+        // column at a time — once for its maximum, once to quantize it — took a cache line per value
+        // (3.3 ns a value: 1.3 of the CPU seconds a full-size ModernBERT-large int8 start spent).
+        let mut column_max = vec![0f32; n];
+        column_max.par_chunks_mut(NR_Q).enumerate().for_each(|(p, maxima)| {
+            for depth in 0..k {
+                for (c, m) in maxima.iter_mut().enumerate() {
+                    *m = m.max(value(depth, p * NR_Q + c).abs());
+                }
+            }
+        });
         let column_scales: Vec<f32> = column_max.iter().map(|&m| m / WEIGHT_LEVELS as f32).collect();
         let inverse: Vec<f32> = column_max
             .iter()
@@ -188,11 +196,12 @@ impl QuantizedWeight {
                         .zip(column_sums.par_chunks_mut(NR_Q))
                         .enumerate()
                         .for_each(|(p, (panel, sums))| {
-                            for (c, sum) in sums.iter_mut().enumerate().take(NR_Q.min(n - p * NR_Q)) {
-                                let col = p * NR_Q + c;
-                                for depth in 0..k {
-                                    let v = q(depth, col) as i8;
-                                    panel[(depth / 4) * 4 * NR_Q + 4 * c + depth % 4] = v;
+                            let width = NR_Q.min(n - p * NR_Q);
+                            for depth in 0..k {
+                                let at = (depth / 4) * 4 * NR_Q + depth % 4;
+                                for (c, sum) in sums[..width].iter_mut().enumerate() {
+                                    let v = q(depth, p * NR_Q + c) as i8;
+                                    panel[at + 4 * c] = v;
                                     *sum += i32::from(v);
                                 }
                             }
@@ -215,10 +224,11 @@ impl QuantizedWeight {
                         .par_chunks_mut(pairs * 2 * NR)
                         .enumerate()
                         .for_each(|(p, panel)| {
-                            for c in 0..NR.min(n - p * NR) {
-                                let col = p * NR + c;
-                                for depth in 0..k {
-                                    panel[(depth / 2) * 2 * NR + 2 * c + depth % 2] = q(depth, col) as i16;
+                            let width = NR.min(n - p * NR);
+                            for depth in 0..k {
+                                let at = (depth / 2) * 2 * NR + depth % 2;
+                                for c in 0..width {
+                                    panel[at + 2 * c] = q(depth, p * NR + c) as i16;
                                 }
                             }
                         });
