@@ -5,12 +5,12 @@
 //! of its own while the model is built, both reading through the page cache. Each tensor is decoded
 //! from the mapping when it is taken — straight into float32 by the pool's threads where the CPU
 //! takes float32 (every CPU load but an f16 one), else in its file dtype and converted once on the
-//! way to the device — and its mapped pages released: neither the decoded copies of the tensors not yet taken nor the
-//! file are ever all in the worker's memory, so a load that finishes each matrix as it is read
-//! ([`crate::model::MatrixFormat`]) holds about one layer's float32 weights at a time. On a
-//! start-up profile (full-size checkpoint, 2 vCPUs) half the CPU time was the kernel zeroing fresh
-//! pages, so every copy not made counts: the file's copy in memory (0.84 GB for ModernBERT-large in
-//! f16) is one such.
+//! way to the device — and its mapped pages released: neither the decoded copies of the tensors not
+//! yet taken nor the file are ever all in the worker's memory, so a load that finishes each matrix
+//! as it is read ([`crate::model::MatrixFormat`]) holds about one layer's float32 weights at a
+//! time. On a start-up profile (full-size checkpoint, 2 vCPUs) half the CPU time was the kernel
+//! zeroing fresh pages, so every copy not made counts: the file's copy in memory (0.84 GB for
+//! ModernBERT-large in f16) is one such.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -157,8 +157,13 @@ impl Weights {
             // straight into float32 by the pool's threads. candle's way — the stored tensor copied
             // out, then converted one value at a time on one thread — was 1.5 of the 2.5 s an f16
             // ModernBERT-large took to load on 2 Zen 4 cores.
-            let values = decode_f32(stored.dtype, bytes)
-                .ok_or_else(|| failed(candle_core::Error::Msg(format!("{name}: {} bytes", bytes.len()))))?;
+            let values = decode_f32(stored.dtype, bytes).ok_or_else(|| {
+                failed(candle_core::Error::Msg(format!(
+                    "'{name}': {} bytes are not a whole number of {:?} values",
+                    bytes.len(),
+                    stored.dtype
+                )))
+            })?;
             Tensor::from_vec(values, stored.shape.as_slice(), &Device::Cpu).map_err(failed)?
         } else {
             let view = TensorView::new(stored.dtype, stored.shape, bytes)
@@ -231,8 +236,8 @@ fn decode_f32(dtype: safetensors::Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     use rayon::prelude::*;
 
-    /// Values a task decodes: large enough that a task is not mostly overhead, small enough to
-    /// spread a 1024-value row's tensors over the threads.
+    /// Values a task decodes: enough to outweigh a task's overhead, few enough that the smallest
+    /// matrix of ModernBERT-base or -large (768² or 1024² values) splits into 9 or 16 tasks.
     const TASK: usize = 1 << 16;
     /// Values converted at a time through a stack buffer (the bytes need not be aligned for `u16`).
     const RUN: usize = 1024;
