@@ -14,7 +14,8 @@
 //! batch. A rebuilt worker, another checkpoint, tokenizer or gate request is another name. An entry
 //! that does not read back as exactly what its rows need (a row's number of logits, no bytes left
 //! over) is ignored and computed again. Writes are best effort — a read-only home or a full disk
-//! costs the time, nothing else — and atomic: written whole beside the entry, then renamed.
+//! costs the time, nothing else — and atomic: written whole beside the entry, in a file no other
+//! writer shares (workers of several hosts may share the directory), then renamed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -93,12 +94,26 @@ impl ReferenceCache {
     }
 
     /// Keeps `outputs` as `key`'s entry: written to a file of its own, then renamed into place, so
-    /// a reader sees the whole entry or none.
+    /// a reader sees the whole entry or none. The file is created exclusively, under a name with
+    /// the time and a count of this process's writes: workers of several hosts or containers
+    /// sharing the directory can have the same process id, and two writers of one file could leave
+    /// a hole of zeros in what is renamed.
     pub(crate) fn store(&self, key: &str, outputs: &[RowOutput]) -> std::io::Result<()> {
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
-        let staging = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
-        let written = std::fs::File::create(&staging)
-            .and_then(|mut file| file.write_all(&encode(outputs)).and_then(|()| file.sync_all()))
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let staging = self
+            .dir
+            .join(format!(".{key}.{}-{nanos}-{write}.tmp", std::process::id()));
+        let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&staging);
+        // Only a file this call created is its to remove.
+        let mut file = created?;
+        let written = file
+            .write_all(&encode(outputs))
+            .and_then(|()| file.sync_all())
             .and_then(|()| std::fs::rename(&staging, self.path(key)));
         if written.is_err() {
             // What is left of a failed write is nobody's: it would only take space.
@@ -332,5 +347,34 @@ mod tests {
         assert!(cache.store("k", &outputs()).is_err());
         let left: Vec<_> = std::fs::read_dir(cache.dir()).expect("dir").collect();
         assert_eq!(left.len(), 1, "only the directory in the way");
+    }
+
+    #[test]
+    fn writers_sharing_the_directory_each_write_a_file_of_their_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = ReferenceCache::new(dir.path().join("gate"));
+        // Another writer's file under the name this process's id alone would give: left alone.
+        std::fs::create_dir_all(cache.dir()).expect("mkdir");
+        let other = cache.dir().join(format!(".k.{}.tmp", std::process::id()));
+        std::fs::write(&other, b"another writer's bytes").expect("write");
+        // Writers of the same entry at once (as pods with one process id would be).
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| cache.store("k", &outputs()).expect("stored"));
+            }
+        });
+        assert_eq!(std::fs::read(&other).expect("still there"), b"another writer's bytes");
+        let bits = |o: &[RowOutput]| -> Vec<u32> {
+            o.iter()
+                .flat_map(|r| r.logits.iter().chain(&r.act_probabilities).map(|v| v.to_bits()))
+                .collect()
+        };
+        let back = cache.load("k", &batches()).expect("kept whole");
+        assert_eq!(bits(&back), bits(&outputs()));
+        let names: Vec<String> = std::fs::read_dir(cache.dir())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "the entry and the other writer's file: {names:?}");
     }
 }
