@@ -169,9 +169,24 @@ impl PackedWeight {
         move |depth: usize, col: usize| panels[(((col >> shift) * k + depth) << shift) | (col & mask)]
     }
 
+    /// Entries `(depth, first ..)` of the weight into `out`, copied from the panels they lie in.
+    fn depth_row(&self) -> impl Fn(usize, usize, &mut [f32]) + Sync + '_ {
+        let (k, nr, panels) = (self.k, self.nr, &self.panels);
+        move |depth: usize, first: usize, out: &mut [f32]| {
+            let mut done = 0;
+            while done < out.len() {
+                let (panel, column) = ((first + done) / nr, (first + done) % nr);
+                let count = (nr - column).min(out.len() - done);
+                let start = (panel * k + depth) * nr + column;
+                out[done..done + count].copy_from_slice(&panels[start..start + count]);
+                done += count;
+            }
+        }
+    }
+
     /// The weight quantized to int8 for `kernel`, read straight from the panels.
     pub fn quantize(&self, kernel: Int8Kernel) -> QuantizedWeight {
-        QuantizedWeight::quantize_with(self.value_at(), self.k, self.n, self.bias.clone(), kernel)
+        QuantizedWeight::quantize_with(self.depth_row(), self.k, self.n, self.bias.clone(), kernel)
             .with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 
