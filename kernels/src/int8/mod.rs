@@ -154,8 +154,8 @@ impl QuantizedWeight {
     }
 
     /// [`Self::quantize`] of the weight whose entries `(depth, first ..)` `row(depth, first, out)`
-    /// writes into `out` (at most [`NR_Q`] of them, never past `n`): packed float panels are
-    /// quantized without being unpacked first.
+    /// writes into `out` (a panel's columns: 32 or 16 of them, fewer at the last panel): packed
+    /// float panels are quantized without being unpacked first.
     pub fn quantize_with(
         row: impl Fn(usize, usize, &mut [f32]) + Sync,
         k: usize,
