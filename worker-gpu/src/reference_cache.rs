@@ -108,9 +108,11 @@ impl ReferenceCache {
         let staging = self
             .dir
             .join(format!(".{key}.{}-{nanos}-{write}.tmp", std::process::id()));
-        let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&staging);
-        // Only a file this call created is its to remove.
-        let mut file = created?;
+        // Created here or not at all: only a file this call created is its to remove below.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&staging)?;
         let written = file
             .write_all(&encode(outputs))
             .and_then(|()| file.sync_all())

@@ -67,10 +67,11 @@ pub struct Bf16Weight {
 }
 
 impl Bf16Weight {
-    /// Rounds and packs the weight whose entry `(depth, col)` is `value(depth, col)`, for AMX's
-    /// tiles when `tiles` (else for the AVX512_BF16 kernel).
+    /// Rounds and packs the weight whose entries `(depth, first ..)` `row(depth, first, out)` writes
+    /// into `out` (a panel's columns, as `QuantizedWeight::quantize_with` asks), for AMX's tiles
+    /// when `tiles` (else for the AVX512_BF16 kernel).
     pub fn pack_with(
-        value: impl Fn(usize, usize) -> f32 + Sync,
+        row: impl Fn(usize, usize, &mut [f32]) + Sync,
         k: usize,
         n: usize,
         bias: Option<Vec<f32>>,
@@ -91,10 +92,12 @@ impl Bf16Weight {
                     // Depth by depth across the panel's columns, as the sources keep them (see
                     // `QuantizedWeight::quantize_with`).
                     let width = NR.min(n - p * NR);
+                    let mut values = [0f32; NR];
                     for depth in 0..k {
+                        row(depth, p * NR, &mut values[..width]);
                         let at = (depth / 2) * 2 * NR + depth % 2;
-                        for c in 0..width {
-                            panel[at + 2 * c] = to_bf16(value(depth, p * NR + c));
+                        for (c, &v) in values[..width].iter().enumerate() {
+                            panel[at + 2 * c] = to_bf16(v);
                         }
                     }
                 });

@@ -37,7 +37,13 @@ fn bf16_products_match_float_products() {
         let magnitude = reference(&abs(&x), &abs(&w), m, k, n, None);
         let want = reference(&x, &w, m, k, n, Some(&bias));
         for tiles in [false, true] {
-            let weight = Bf16Weight::pack_with(|d, c| w[d * n + c], k, n, Some(bias.clone()), tiles);
+            let weight = Bf16Weight::pack_with(
+                |d, first, out: &mut [f32]| out.copy_from_slice(&w[d * n + first..][..out.len()]),
+                k,
+                n,
+                Some(bias.clone()),
+                tiles,
+            );
             for portable in [false, true] {
                 let got = pool.install(|| weight.matmul_with(&x, m, portable));
                 let worst = got
@@ -74,7 +80,7 @@ fn bf16_products_match_float_products() {
 #[test]
 fn simd_row_packing_equals_the_portable_one() {
     for tiles in [false, true] {
-        let no_depth = Bf16Weight::pack_with(|_, _| 0.0, 0, 3, Some(vec![0.5; 3]), tiles);
+        let no_depth = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(0.0), 0, 3, Some(vec![0.5; 3]), tiles);
         assert_eq!(no_depth.matmul(&[], 2), vec![0.5; 6]);
     }
     if !available() {
@@ -98,7 +104,7 @@ fn simd_row_packing_equals_the_portable_one() {
             x[k..2 * k].copy_from_slice(&special);
         }
         for tiles in [false, true] {
-            let weight = Bf16Weight::pack_with(|_, _| 1.0, k, 5, None, tiles);
+            let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), k, 5, None, tiles);
             assert_eq!(
                 weight.pack_rows(&x, m, false),
                 weight.pack_rows(&x, m, true),
@@ -106,7 +112,7 @@ fn simd_row_packing_equals_the_portable_one() {
             );
         }
     }
-    let weight = Bf16Weight::pack_with(|_, _| 1.0, 2, 1, None, false);
+    let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, false);
     let subnormal = f32::MIN_POSITIVE / 4.0;
     assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
     assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, true)[0], 0x8000_0000);
@@ -119,7 +125,7 @@ fn availability_follows_the_cpu() {
         available(),
         std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512bw")
     );
-    let empty = Bf16Weight::pack_with(|_, _| 1.0, 3, 2, None, true);
+    let empty = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 3, 2, None, true);
     assert!(empty.matmul(&[], 0).is_empty());
 }
 

@@ -151,22 +151,13 @@ impl PackedWeight {
     /// read straight from the panels.
     pub fn to_bf16(&self) -> Bf16Weight {
         let rounded = Bf16Weight::pack_with(
-            self.value_at(),
+            self.depth_row(),
             self.k,
             self.n,
             self.bias.clone(),
             self.kernels == CpuKernels::Amx,
         );
         rounded.with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
-    }
-
-    /// Entry `(depth, col)` of the weight, read from the panels. The panel width is a power of
-    /// two, so a column's panel and place in it are a shift and a mask, not two divisions by a
-    /// width known only at run time, for each of the weight's values.
-    fn value_at(&self) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
-        debug_assert!(self.nr.is_power_of_two());
-        let (k, shift, mask, panels) = (self.k, self.nr.trailing_zeros(), self.nr - 1, &self.panels);
-        move |depth: usize, col: usize| panels[(((col >> shift) * k + depth) << shift) | (col & mask)]
     }
 
     /// Entries `(depth, first ..)` of the weight into `out`, copied from the panels they lie in.
