@@ -23,9 +23,11 @@
 //!   `quads.rs` and `pairs.rs` each layout's row packing and loop with its portable tile; `vnni.rs`
 //!   (AVX512-VNNI) and `avx_vnni.rs` (AVX-VNNI) the SIMD microkernels, row quantization and
 //!   combine; AMX's `tdpbusd` through [`amx`].
-//! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16; `bf16/avx512.rs` the AVX512_BF16
-//!   microkernel (`vdpbf16ps`), `bf16/tile.rs` the call it and the portable tile take, AMX's
-//!   `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
+//! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16, and [`bf16::Bf16Kernel`], which
+//!   instructions multiply them beside a family; `bf16/avx512.rs` the AVX512_BF16 microkernel
+//!   (`vdpbf16ps`), `bf16/widened.rs` the weights widened to f32 for f32 FMAs (AVX-512F: Intel's
+//!   `vdpbf16ps` runs at half the FMA's rate), `bf16/tile.rs` the call they and the portable
+//!   tiles take, AMX's `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
 //!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool), and
 //!   their blocks of rows on AMX's tiles where the pool's weights run there ([`bf16::RowTiles`]).
 //! - [`geglu`]: GeGLU (`gelu_erf(u) · g`, erf's rational approximation) for the worker's op on a
@@ -52,7 +54,7 @@
 //! the instruction rounds differently (bf16's `vdpbf16ps`), and against a float64 product.
 //!
 //! `unsafe` lives in the modules that execute SIMD or tile instructions (`int8::vnni`,
-//! `int8::avx_vnni`, `bf16::avx512`, `amx::tiles`), in the permission request
+//! `int8::avx_vnni`, `bf16::avx512`, `bf16::widened`, `amx::tiles`), in the permission request
 //! (`amx::permission`), and in the marked places of `driver.rs` (the prefetch hint, and the output's
 //! disjoint column ranges, written in place or copied into without zeroing first) and of
 //! `int8/mod.rs` (its combine's promise to write every column of its range), each use with its

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device};
 use laya::checkpoint::{Checkpoint, Location};
 use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::bf16::Bf16Kernel;
 use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{
     CheckedForward, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_ROWS, Engine, EngineError, EngineFacts, EngineInfo, GpuInfo,
@@ -161,11 +162,9 @@ impl CandleEngine {
         } else {
             None
         };
-        // bf16 on a CPU with AVX512_BF16 loads float32 and runs the encoder's products with the
-        // native bf16 kernel (candle's bf16 CPU path is slower than f32 there).
-        let bf16_kernels = precision == Precision::Bf16
-            && matches!(cpu_kernels, Some(CpuKernels::Avx512 | CpuKernels::Amx))
-            && layad_cpu_kernels::bf16::available();
+        // bf16 on an AVX-512 CPU loads float32 and runs the encoder's products with the bf16
+        // kernels (candle's bf16 CPU path is slower than f32 there).
+        let bf16_kernels = precision == Precision::Bf16 && cpu_kernels.and_then(Bf16Kernel::for_family).is_some();
         let load_dtype = if bf16_kernels { DType::F32 } else { precision.dtype() };
         let gate_cache = options.gate_cache.clone().map(ReferenceCache::new);
         let mut models = Vec::with_capacity(opened.len());

@@ -121,7 +121,7 @@ fn answers(engine: &mut CandleEngine, name: &str) -> Vec<RowOutput> {
 #[test]
 fn a_start_that_reads_the_reference_back_serves_the_same_answers() {
     let mut precisions = vec![Precision::Int8];
-    if layad_cpu_kernels::bf16::available() {
+    if layad_cpu_kernels::bf16::Bf16Kernel::for_family(worker_gpu::CpuKernels::detect()).is_some() {
         precisions.push(Precision::Bf16);
     }
     for precision in precisions {

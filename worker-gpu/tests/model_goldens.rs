@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use laya::checkpoint::{Checkpoint, Location, find_in_hf_cache};
 use laya::routing::CheckpointName;
+use layad_cpu_kernels::bf16::Bf16Kernel;
 use layad_proto::{Row, RowOutput, check_and_forward};
 use worker_gpu::{
     CandleEngine, CpuKernels, DeviceRequest, EngineOptions, Int8Activations, LayaModel, LoadError, MatrixFormat,
@@ -254,27 +255,39 @@ fn bf16_stays_close_to_upstream() {
     half_precision_stays_close(Precision::Bf16, 7e-2);
 }
 
-/// On a CPU with AVX512_BF16 the bf16 engine runs the native bf16 kernel (its gate says so);
-/// elsewhere candle's bf16 path, gated the same way.
+/// On an AVX-512 CPU the bf16 engine runs the bf16 kernel beside its family (its gate says
+/// which: AMX's tiles, `vdpbf16ps` where it pays, else the widened weights); elsewhere candle's
+/// bf16 path, gated the same way.
 #[test]
 fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
     #[cfg(target_arch = "x86_64")]
-    let native = CpuKernels::Avx512.available()
-        && std::arch::is_x86_feature_detected!("avx512bf16")
-        && std::arch::is_x86_feature_detected!("avx512bw");
+    let (avx512, dot_pairs, intel) = (
+        CpuKernels::Avx512.available(),
+        std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512bw"),
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| info.contains("GenuineIntel")),
+    );
     #[cfg(not(target_arch = "x86_64"))]
-    let native = false;
-    // On AMX the same panels run on its tiles.
+    let (avx512, dot_pairs, intel) = (false, false, false);
     let kernel = if CpuKernels::Amx.available() {
-        "amx-bf16"
+        Some("amx-bf16")
+    } else if dot_pairs && !intel {
+        Some("avx512-bf16 ")
+    } else if avx512 {
+        Some("avx512-bf16-widened")
     } else {
-        "avx512-bf16"
+        None
     };
     let engine = engine(Precision::Bf16);
     let reports = layad_proto::Engine::describe(&engine).parity;
     assert_eq!(reports.len(), 3, "one load-time gate per checkpoint");
     for report in &reports {
-        assert_eq!(report.executor.contains(kernel), native, "{report:?}");
+        match kernel {
+            Some(kernel) => assert!(report.executor.contains(kernel), "{kernel}: {report:?}"),
+            None => assert!(
+                !report.executor.contains("avx512-bf16") && !report.executor.contains("amx-bf16"),
+                "{report:?}"
+            ),
+        }
         assert!(report.max_probability_diff <= 0.02, "{report:?}");
     }
     // An AVX2 engine never takes the AVX-512 bf16 kernel.
@@ -649,10 +662,10 @@ fn kernel_families() -> impl Iterator<Item = CpuKernels> {
 }
 
 /// The reduced formats a model packed for `kernels` runs here: int8, and the bf16 kernels' where
-/// the family is AVX-512's or AMX's and the CPU has AVX512_BF16.
+/// the family is AVX-512's or AMX's.
 fn reduced_formats(kernels: CpuKernels) -> Vec<MatrixFormat> {
     let mut formats = vec![MatrixFormat::Int8];
-    if matches!(kernels, CpuKernels::Amx | CpuKernels::Avx512) && layad_cpu_kernels::bf16::available() {
+    if Bf16Kernel::for_family(kernels).is_some() {
         formats.push(MatrixFormat::Bf16);
     }
     formats
@@ -661,8 +674,8 @@ fn reduced_formats(kernels: CpuKernels) -> Vec<MatrixFormat> {
 /// A load that reduces each matrix as it reads it (`LayaModel::load_reduced`, a start whose gate
 /// reference is kept) builds exactly the model that loading in float32 and reducing afterwards
 /// builds: the same outputs bit for bit on every golden row, on every fixture checkpoint (their
-/// random weights differ), for every kernel family this CPU has, in int8 and (where the CPU has
-/// AVX512_BF16) in the bf16 kernels' format.
+/// random weights differ), for every kernel family this CPU has, in int8 and (beside the AVX-512
+/// families) in the bf16 kernels' format.
 #[test]
 fn matrices_reduced_while_loading_give_the_model_reduced_after_loading() {
     let cases = golden_cases();

@@ -191,15 +191,13 @@ fn f32_and_bf16_files_load_like_f16() {
 /// An embedding table stored in f16 or bf16 is kept so (half the memory of converting it at load)
 /// and answers exactly as the same values stored in f32: the norm after the gather converts each
 /// row exactly. Checked on the gate's rows, with the matrices in float32, int8 and (where the CPU
-/// has AVX512_BF16) bf16.
+/// has the bf16 kernels: AVX-512) bf16.
 #[test]
 fn a_half_precision_embedding_table_answers_like_its_f32_copy() {
     const TABLE: &str = "encoder.embeddings.tok_embeddings.weight";
     let kernels = worker_gpu::CpuKernels::detect();
     let mut formats = vec![MatrixFormat::Float32, MatrixFormat::Int8];
-    if matches!(kernels, worker_gpu::CpuKernels::Amx | worker_gpu::CpuKernels::Avx512)
-        && layad_cpu_kernels::bf16::available()
-    {
+    if layad_cpu_kernels::bf16::Bf16Kernel::for_family(kernels).is_some() {
         formats.push(MatrixFormat::Bf16);
     }
     for stored in [DType::F16, DType::BF16] {

@@ -1,7 +1,9 @@
-//! bf16 products of activations by constant weights on CPUs with AVX512_BF16 (`dtype = "bf16"` on
-//! the CPU): weights rounded to bf16 once at load, activation rows rounded to bf16 at each call,
+//! bf16 products of activations by constant weights on AVX-512 CPUs (`dtype = "bf16"` on the CPU):
+//! weights rounded to bf16 once at load, activation rows rounded to bf16 at each call, f32 sums and
+//! results. Which instructions multiply ([`Bf16Kernel`], chosen once beside the float family):
 //! `vdpbf16ps` (32 bf16 products summed pairwise into 16 f32 lanes per instruction, twice the
-//! products of an f32 FMA), f32 sums and results.
+//! products of an f32 FMA) where the CPU runs it at the FMA's rate; the weights widened to f32 in
+//! registers and f32 FMAs (`widened.rs`) where it does not (Intel's) or the CPU lacks AVX512_BF16.
 //!
 //! Why not candle's bf16 CPU path: its matmul converts and multiplies through the `gemm` crate
 //! without native bf16 dot products, and every other op of a bf16 forward runs candle's slower bf16
@@ -30,21 +32,88 @@ mod rows;
 #[cfg(test)]
 mod tests;
 mod tile;
+#[cfg(target_arch = "x86_64")]
+mod widened;
 mod words;
 
 pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowTiles, RowsKernel, RowsProduct};
 
-use tile::{Bf16TileCall, MR, NR};
+use crate::CpuKernels;
+use tile::{Bf16TileCall, MR, MW, NR};
 use words::{from_bf16, pair_word, to_bf16};
 
 /// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
 const KC: usize = 128;
 
-/// Whether this CPU runs the bf16 kernel (AVX-512F and AVX512_BF16).
-pub fn available() -> bool {
+/// The instructions a bf16 weight's products run on: the same packed panels for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// AMX's tiles (`tdpbf16ps`, the `amx` family).
+    Tiles,
+    /// `vdpbf16ps` (AVX512_BF16), where it runs at the f32 FMA's rate and so multiplies twice its
+    /// products (AMD's Zen 4 and Zen 5).
+    DotPairs,
+    /// Weights widened to f32 in registers, f32 FMAs (AVX-512F): where `vdpbf16ps` runs at half
+    /// the FMA's rate (Intel's Xeons without AMX's tiles; measured on Emerald Rapids), so it would
+    /// be slower than the f32 pool, or is missing; as fast as f32, with half its weights' memory.
+    Widened,
+}
+
+impl Bf16Kernel {
+    /// The bf16 kernel beside a float kernel family: AMX's tiles beside `amx`, `vdpbf16ps` or the
+    /// widened kernel beside `avx512` (see the variants); none beside `avx2` and `gemm` (their
+    /// bf16 pools run candle's bf16 path).
+    pub fn for_family(family: CpuKernels) -> Option<Self> {
+        match family {
+            CpuKernels::Amx if dot_pairs_available() => Some(Self::Tiles),
+            CpuKernels::Amx | CpuKernels::Avx512 if dot_pairs_available() && !half_rate_dot_pairs() => {
+                Some(Self::DotPairs)
+            }
+            CpuKernels::Amx | CpuKernels::Avx512 => Some(Self::Widened),
+            CpuKernels::Avx2 | CpuKernels::Gemm => None,
+        }
+    }
+
+    /// `amx-bf16`, `avx512-bf16` or `avx512-bf16-widened`: what the gate's report names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tiles => "amx-bf16",
+            Self::DotPairs => "avx512-bf16",
+            Self::Widened => "avx512-bf16-widened",
+        }
+    }
+
+    /// Rows of the activations' tile, and the packed words each takes per depth pair.
+    fn row_tile(self) -> (usize, usize) {
+        match self {
+            Self::Tiles => (1, 1),
+            Self::DotPairs => (MR, MR),
+            Self::Widened => (MW, 2 * MW),
+        }
+    }
+}
+
+/// Whether this CPU has `vdpbf16ps` (AVX-512F, AVX-512BW and AVX512_BF16).
+fn dot_pairs_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx512::Bf16Dp::try_new().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU's `vdpbf16ps` runs at half its f32 FMA's rate: Intel's do (one every two
+/// cycles on Emerald Rapids against two FMAs a cycle, `tools/bench/simd-peak.c`), AMD's run both
+/// at the same rate.
+fn half_rate_dot_pairs() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vendor = std::arch::x86_64::__cpuid(0);
+        // "GenuineIntel" in EBX, EDX, ECX order.
+        (vendor.ebx, vendor.edx, vendor.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -57,8 +126,7 @@ pub fn available() -> bool {
 pub struct Bf16Weight {
     k: usize,
     n: usize,
-    /// Whether the products run on AMX tiles (else the AVX512_BF16 kernel).
-    tiles: bool,
+    kernel: Bf16Kernel,
     pairs: usize,
     panels: Vec<u16>,
     bias: Option<Vec<f32>>,
@@ -68,16 +136,15 @@ pub struct Bf16Weight {
 
 impl Bf16Weight {
     /// Rounds and packs the weight whose entries `(depth, first ..)` `row(depth, first, out)` writes
-    /// into `out` (a panel's columns, as `QuantizedWeight::quantize_with` asks), for AMX's tiles
-    /// when `tiles` (else for the AVX512_BF16 kernel).
+    /// into `out` (a panel's columns, as `QuantizedWeight::quantize_with` asks), for `kernel`.
     pub fn pack_with(
         row: impl Fn(usize, usize, &mut [f32]) + Sync,
         k: usize,
         n: usize,
         bias: Option<Vec<f32>>,
-        tiles: bool,
+        kernel: Bf16Kernel,
     ) -> Self {
-        let pairs = if tiles {
+        let pairs = if kernel == Bf16Kernel::Tiles {
             k.div_ceil(2 * TILE_WORDS) * TILE_WORDS
         } else {
             k.div_ceil(2)
@@ -105,7 +172,7 @@ impl Bf16Weight {
         Self {
             k,
             n,
-            tiles,
+            kernel,
             pairs,
             panels,
             bias,
@@ -116,6 +183,11 @@ impl Bf16Weight {
     /// The same weight, its products followed by `geglu` when its columns are grouped for it.
     pub(crate) fn with_geglu(self, geglu: Option<GeGlu>) -> Self {
         Self { geglu, ..self }
+    }
+
+    /// The instructions its products run on.
+    pub fn kernel(&self) -> Bf16Kernel {
+        self.kernel
     }
 
     /// Whether products apply GeGLU (made from a weight packed for it).
@@ -151,48 +223,35 @@ impl Bf16Weight {
         )
     }
 
-    /// Rows of `x` as bf16 pairs in tiles of `MR`: tile `t` holds, per depth pair, `MR` u32 words
-    /// `bf16(x[2d]) | bf16(x[2d + 1]) << 16` (zero past `m`, `k`); for AMX the rows' words one
-    /// row after another instead (`amx::row_stride` words apart), rows padded to 16. With the
-    /// kernel (and not `portable`) rows are rounded by `vcvtne2ps2bf16`: the same words, except
-    /// that it flushes subnormal values to zero.
+    /// Rows of `x` rounded to bf16 and packed for the kernel: for `vdpbf16ps`, in tiles of `MR`
+    /// rows, tile `t` holding per depth pair `MR` u32 words `bf16(x[2d]) | bf16(x[2d + 1]) << 16`;
+    /// for the widened kernel, in tiles of `MW` rows, per depth `MW` rounded values as f32 bits;
+    /// for AMX, the rows' pair words one row after another (`amx::row_stride` words apart), rows
+    /// padded to 16. Zero past `m` and `k`. With the SIMD (and not `portable`), `vdpbf16ps`' rows
+    /// are rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
+    /// zero; the widened kernel's give the portable bits.
     fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
         let (k, pairs) = (self.k, self.pairs);
-        // Rows per chunk of the packed words, a row's words `tile` apart, and the words per row.
-        let tile = if self.tiles { 1 } else { MR };
-        let (rows, row_words) = if self.tiles {
-            (m.next_multiple_of(TILE_ROWS), row_stride(pairs))
-        } else {
-            (m.next_multiple_of(MR), pairs)
+        // Rows per chunk of the packed words (a row's values `tile` words apart), and its words.
+        let (tile, words_per_pair) = self.kernel.row_tile();
+        let (rows, chunk) = match self.kernel {
+            Bf16Kernel::Tiles => (m.next_multiple_of(TILE_ROWS), row_stride(pairs)),
+            Bf16Kernel::DotPairs | Bf16Kernel::Widened => (m.next_multiple_of(tile), pairs * words_per_pair),
         };
-        let mut packed = vec![0u32; rows * row_words];
-        #[cfg(target_arch = "x86_64")]
-        let simd = if portable { None } else { avx512::Bf16Dp::try_new() };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = portable;
-        packed
-            .par_chunks_mut(row_words * tile)
-            .enumerate()
-            .for_each(|(t, dst)| {
-                for r in 0..tile.min(m.saturating_sub(t * tile)) {
-                    let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(simd) = simd {
-                        simd.pack_row(row, &mut dst[r..], tile);
-                        continue;
-                    }
-                    for (d, pair) in row.chunks(2).enumerate() {
-                        dst[d * tile + r] = pair_word(pair);
-                    }
-                }
-            });
+        let mut packed = vec![0u32; rows / tile * chunk];
+        let packer = RowPacker::new(self.kernel, portable);
+        packed.par_chunks_mut(chunk).enumerate().for_each(|(t, dst)| {
+            for r in 0..tile.min(m.saturating_sub(t * tile)) {
+                packer.pack(&x[(t * tile + r) * k..(t * tile + r + 1) * k], &mut dst[r..], tile);
+            }
+        });
         packed
     }
 
     fn block(&self, packed_x: &[u32], m: usize, first: usize, count: usize, block: &mut [f32], portable: bool) {
         let pairs = self.pairs;
         let stride = count * NR;
-        if self.tiles {
+        if self.kernel == Bf16Kernel::Tiles {
             let product = TileProduct::<Bf16Tiles> {
                 a: packed_x,
                 a_stride: row_stride(pairs),
@@ -205,44 +264,142 @@ impl Bf16Weight {
             product.run(portable);
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        let simd = if portable { None } else { avx512::Bf16Dp::try_new() };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = portable;
+        let kernel = TileKernel::new(self.kernel, portable);
+        let (tile_rows, words) = self.kernel.row_tile();
         let next = NextSlices {
             panels: &self.panels,
             panel_units: pairs,
             unit: 2 * NR,
             pass: KC,
             count,
-            tiles: m.div_ceil(MR),
+            tiles: m.div_ceil(tile_rows),
         };
         let mut depth = 0;
         while depth < pairs {
             let kc = KC.min(pairs - depth);
             let prefetch = next.pass(depth, kc);
-            for (tile, row) in (0..m).step_by(MR).enumerate() {
-                let rows = MR.min(m - row);
-                let x = &packed_x[(tile * pairs + depth) * MR..(tile * pairs + depth + kc) * MR];
+            for (tile, row) in (0..m).step_by(tile_rows).enumerate() {
+                let rows = tile_rows.min(m - row);
+                let x = &packed_x[(tile * pairs + depth) * words..(tile * pairs + depth + kc) * words];
                 for p in 0..count {
                     let start = (first + p) * pairs * 2 * NR;
-                    let call = Bf16TileCall {
-                        x,
-                        panel: &self.panels[start + depth * 2 * NR..start + (depth + kc) * 2 * NR],
-                        out: &mut block[row * stride + p * NR..],
-                        stride,
-                        accumulate: depth > 0,
-                        prefetch: prefetch.share(first + p, tile),
-                    };
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(simd) = simd {
-                        simd.tile(rows, call);
-                        continue;
-                    }
-                    scalar_tile(rows, call);
+                    kernel.run(
+                        rows,
+                        Bf16TileCall {
+                            x,
+                            panel: &self.panels[start + depth * 2 * NR..start + (depth + kc) * 2 * NR],
+                            out: &mut block[row * stride + p * NR..],
+                            stride,
+                            accumulate: depth > 0,
+                            prefetch: prefetch.share(first + p, tile),
+                        },
+                    );
                 }
             }
             depth += kc;
+        }
+    }
+}
+
+/// How one row is rounded into the packed words ([`Bf16Weight::pack_rows`]).
+#[derive(Clone, Copy)]
+enum RowPacker {
+    /// Depth-pair words (`vdpbf16ps`' and AMX's rows): `vcvtne2ps2bf16`, or portable code.
+    #[cfg(target_arch = "x86_64")]
+    Pairs(avx512::Bf16Dp),
+    PortablePairs,
+    /// One rounded value per depth, as f32 bits (the widened kernel's rows).
+    #[cfg(target_arch = "x86_64")]
+    Values(widened::Widened),
+    PortableValues,
+}
+
+impl RowPacker {
+    fn new(kernel: Bf16Kernel, portable: bool) -> Self {
+        let values = kernel == Bf16Kernel::Widened;
+        #[cfg(target_arch = "x86_64")]
+        if !portable {
+            let simd = if values {
+                widened::Widened::try_new().map(Self::Values)
+            } else {
+                avx512::Bf16Dp::try_new().map(Self::Pairs)
+            };
+            if let Some(simd) = simd {
+                return simd;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        if values {
+            Self::PortableValues
+        } else {
+            Self::PortablePairs
+        }
+    }
+
+    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth.
+    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Pairs(simd) => simd.pack_row(row, dst, step),
+            #[cfg(target_arch = "x86_64")]
+            Self::Values(simd) => simd.pack_row(row, dst, step),
+            Self::PortablePairs => {
+                for (d, pair) in row.chunks(2).enumerate() {
+                    dst[d * step] = pair_word(pair);
+                }
+            }
+            Self::PortableValues => {
+                for (d, &v) in row.iter().enumerate() {
+                    dst[d * step] = u32::from(to_bf16(v)) << 16;
+                }
+            }
+        }
+    }
+}
+
+/// The tile a non-AMX kernel call runs ([`Bf16Weight::block`]): SIMD, or its portable twin.
+#[derive(Clone, Copy)]
+enum TileKernel {
+    #[cfg(target_arch = "x86_64")]
+    DotPairs(avx512::Bf16Dp),
+    PortablePairs,
+    #[cfg(target_arch = "x86_64")]
+    Widened(widened::Widened),
+    PortableWidened,
+}
+
+impl TileKernel {
+    fn new(kernel: Bf16Kernel, portable: bool) -> Self {
+        let widened = kernel == Bf16Kernel::Widened;
+        #[cfg(target_arch = "x86_64")]
+        if !portable {
+            let simd = if widened {
+                widened::Widened::try_new().map(Self::Widened)
+            } else {
+                avx512::Bf16Dp::try_new().map(Self::DotPairs)
+            };
+            if let Some(simd) = simd {
+                return simd;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = portable;
+        if widened {
+            Self::PortableWidened
+        } else {
+            Self::PortablePairs
+        }
+    }
+
+    fn run(self, rows: usize, call: Bf16TileCall<'_>) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::DotPairs(simd) => simd.tile(rows, call),
+            #[cfg(target_arch = "x86_64")]
+            Self::Widened(simd) => simd.tile(rows, call),
+            Self::PortablePairs => scalar_tile(rows, call),
+            Self::PortableWidened => scalar_widened_tile(rows, call),
         }
     }
 }
@@ -267,6 +424,31 @@ fn scalar_tile(rows: usize, call: Bf16TileCall<'_>) {
             let (lo, hi) = (from_bf16(a[r] as u16), from_bf16((a[r] >> 16) as u16));
             for (o, w) in dst.iter_mut().zip(w.chunks_exact(2)) {
                 *o += lo * from_bf16(w[0]) + hi * from_bf16(w[1]);
+            }
+        }
+    }
+}
+
+/// The widened kernel's tile in portable code: the same fused multiply-adds in the same order
+/// (depth by depth), so the same sums bit for bit.
+fn scalar_widened_tile(rows: usize, call: Bf16TileCall<'_>) {
+    let Bf16TileCall {
+        x,
+        panel,
+        out,
+        stride,
+        accumulate,
+        prefetch: _,
+    } = call;
+    for r in 0..rows {
+        let dst = &mut out[r * stride..r * stride + NR];
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        for (w, a) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(2 * MW)) {
+            let (even, odd) = (f32::from_bits(a[r]), f32::from_bits(a[MW + r]));
+            for (o, w) in dst.iter_mut().zip(w.chunks_exact(2)) {
+                *o = odd.mul_add(from_bf16(w[1]), even.mul_add(from_bf16(w[0]), *o));
             }
         }
     }

@@ -1,6 +1,9 @@
 use super::*;
 use crate::f32::tests::reference;
 
+/// Every kernel: each falls back to its portable twin where the CPU lacks it.
+const KERNELS: [Bf16Kernel; 3] = [Bf16Kernel::DotPairs, Bf16Kernel::Widened, Bf16Kernel::Tiles];
+
 fn values(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
         .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 - 1000.0) / 1000.0)
@@ -26,8 +29,8 @@ fn rounding_to_bf16_is_to_nearest_even() {
 #[test]
 fn bf16_products_match_float_products() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
-    if !available() {
-        eprintln!("this CPU has no AVX512_BF16: only the portable kernel is tested");
+    if !dot_pairs_available() {
+        eprintln!("this CPU has no AVX512_BF16: only the portable vdpbf16ps tile is tested");
     }
     for &(m, k, n) in &[(1, 5, 3), (7, 300, 37), (13, 513, 70), (64, 64, 33), (9, 1, 40)] {
         let x = values(m * k, 1);
@@ -36,13 +39,13 @@ fn bf16_products_match_float_products() {
         let abs = |v: &[f32]| v.iter().map(|v| v.abs()).collect::<Vec<_>>();
         let magnitude = reference(&abs(&x), &abs(&w), m, k, n, None);
         let want = reference(&x, &w, m, k, n, Some(&bias));
-        for tiles in [false, true] {
+        for kernel in KERNELS {
             let weight = Bf16Weight::pack_with(
                 |d, first, out: &mut [f32]| out.copy_from_slice(&w[d * n + first..][..out.len()]),
                 k,
                 n,
                 Some(bias.clone()),
-                tiles,
+                kernel,
             );
             for portable in [false, true] {
                 let got = pool.install(|| weight.matmul_with(&x, m, portable));
@@ -52,7 +55,7 @@ fn bf16_products_match_float_products() {
                     .zip(&magnitude)
                     .map(|((a, b), s)| (a - b).abs() / s.max(1e-6))
                     .fold(0f32, f32::max);
-                assert!(worst < 0.01, "{m}x{k}x{n} tiles {tiles} portable {portable}: {worst}");
+                assert!(worst < 0.01, "{m}x{k}x{n} {kernel:?} portable {portable}: {worst}");
             }
             // The SIMD and portable sums differ at most by f32 rounding.
             let (a, b) = pool.install(|| (weight.matmul_with(&x, m, false), weight.matmul_with(&x, m, true)));
@@ -62,12 +65,18 @@ fn bf16_products_match_float_products() {
                 .zip(&magnitude)
                 .map(|((a, b), s)| (a - b).abs() / s.max(1e-6))
                 .fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{m}x{k}x{n} tiles {tiles}: SIMD vs portable {worst}");
-            // AMX's tiles give the tile model's sums bit for bit.
-            if tiles && crate::amx::Amx::detect().is_ok() {
+            assert!(worst < 1e-5, "{m}x{k}x{n} {kernel:?}: SIMD vs portable {worst}");
+            // AMX's tiles give the tile model's sums bit for bit, and the widened kernel its
+            // portable twin's (the same fused multiply-adds in the same order).
+            let exact = match kernel {
+                Bf16Kernel::Tiles => crate::amx::Amx::detect().is_ok(),
+                Bf16Kernel::Widened => true,
+                Bf16Kernel::DotPairs => false,
+            };
+            if exact {
                 assert!(
                     a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{m}x{k}x{n}: AMX vs its model"
+                    "{m}x{k}x{n}: {kernel:?} vs its portable twin"
                 );
             }
         }
@@ -79,13 +88,9 @@ fn bf16_products_match_float_products() {
 /// with no depth gives its bias.
 #[test]
 fn simd_row_packing_equals_the_portable_one() {
-    for tiles in [false, true] {
-        let no_depth = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(0.0), 0, 3, Some(vec![0.5; 3]), tiles);
+    for kernel in KERNELS {
+        let no_depth = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(0.0), 0, 3, Some(vec![0.5; 3]), kernel);
         assert_eq!(no_depth.matmul(&[], 2), vec![0.5; 6]);
-    }
-    if !available() {
-        eprintln!("this CPU has no AVX512_BF16: skipped");
-        return;
     }
     let mut special = vec![
         0.0,
@@ -103,29 +108,63 @@ fn simd_row_packing_equals_the_portable_one() {
         if k == special.len() {
             x[k..2 * k].copy_from_slice(&special);
         }
-        for tiles in [false, true] {
-            let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), k, 5, None, tiles);
-            assert_eq!(
-                weight.pack_rows(&x, m, false),
-                weight.pack_rows(&x, m, true),
-                "k = {k} tiles {tiles}"
-            );
+        for kernel in KERNELS {
+            let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), k, 5, None, kernel);
+            let (simd, portable) = (weight.pack_rows(&x, m, false), weight.pack_rows(&x, m, true));
+            assert_eq!(simd, portable, "k = {k} {kernel:?}");
+            // The widened kernel's rows are the rounded values themselves, a depth's rows together.
+            if kernel == Bf16Kernel::Widened {
+                for (d, r) in (0..k).flat_map(|d| (0..m).map(move |r| (d, r))) {
+                    let got = portable[d * MW + r];
+                    assert_eq!(
+                        got,
+                        u32::from(to_bf16(x[r * k + d])) << 16,
+                        "k = {k}: depth {d} row {r}"
+                    );
+                }
+            }
         }
     }
-    let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, false);
     let subnormal = f32::MIN_POSITIVE / 4.0;
-    assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
+    let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, Bf16Kernel::DotPairs);
+    if dot_pairs_available() {
+        assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
+    }
     assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, true)[0], 0x8000_0000);
+    // The widened kernel's rounding keeps them, as the portable one does.
+    let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, Bf16Kernel::Widened);
+    assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0);
 }
 
 #[test]
-fn availability_follows_the_cpu() {
+fn the_kernel_follows_the_family_and_the_cpu() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(
-        available(),
+        dot_pairs_available(),
         std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512bw")
     );
-    let empty = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 3, 2, None, true);
+    // The vendor read from CPUID, as Linux reads it.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+        assert_eq!(half_rate_dot_pairs(), info.contains("GenuineIntel"));
+    }
+    assert_eq!(Bf16Kernel::for_family(CpuKernels::Avx2), None);
+    assert_eq!(Bf16Kernel::for_family(CpuKernels::Gemm), None);
+    let avx512 = Bf16Kernel::for_family(CpuKernels::Avx512);
+    let expected = if !CpuKernels::Avx512.available() {
+        Some(Bf16Kernel::Widened) // the family is only named here: its portable twin runs
+    } else if dot_pairs_available() && !half_rate_dot_pairs() {
+        Some(Bf16Kernel::DotPairs)
+    } else {
+        Some(Bf16Kernel::Widened)
+    };
+    assert_eq!(avx512, expected);
+    if CpuKernels::Amx.available() {
+        assert_eq!(Bf16Kernel::for_family(CpuKernels::Amx), Some(Bf16Kernel::Tiles));
+    }
+    let names: Vec<_> = KERNELS.iter().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["avx512-bf16", "avx512-bf16-widened", "amx-bf16"]);
+    let empty = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 3, 2, None, Bf16Kernel::Tiles);
     assert!(empty.matmul(&[], 0).is_empty());
 }
 

@@ -6,10 +6,14 @@ use crate::driver::Prefetch;
 
 /// Columns per packed panel: two AVX-512 registers of f32 sums.
 pub(super) const NR: usize = 32;
-/// Rows of the activation tile one kernel call computes.
+/// Rows of the activation tile one `vdpbf16ps` kernel call computes.
 pub(super) const MR: usize = 8;
+/// The same for the widened kernel (`bf16/widened.rs`): 24 accumulators, two widened weight
+/// registers and the mask beside them in AVX-512's 32.
+pub(super) const MW: usize = 14;
 
-/// One kernel call: `rows` rows of packed bf16 pairs (`MR` words per pair) times one panel slice
+/// One kernel call: `rows` rows of packed bf16 pairs (`MR` words per pair; the widened kernel's
+/// `2·MW` f32 per pair, a depth's `MW` rows then the next depth's) times one panel slice
 /// (`2·NR` bf16 per pair), into `out` (rows `stride` apart), added to what `out` holds when
 /// `accumulate`.
 pub(super) struct Bf16TileCall<'a> {

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::CpuKernels;
 use crate::CpuWeight;
-use crate::bf16::Bf16Weight;
+use crate::bf16::{Bf16Kernel, Bf16Weight};
 use crate::driver::{NextSlices, bias_rows, in_column_blocks};
 use crate::geglu::{GROUP, GeGlu, grouped_column, groups_fit};
 use crate::int8::{Int8Kernel, QuantizedWeight};
@@ -147,16 +147,12 @@ impl PackedWeight {
         }
     }
 
-    /// The weight rounded to bf16 for the AVX512_BF16 kernel (AMX's tiles for the `amx` family),
-    /// read straight from the panels.
+    /// The weight rounded to bf16 for the bf16 kernel beside its family
+    /// ([`Bf16Kernel::for_family`]; the widened kernel's portable twin beside a family that has
+    /// none), read straight from the panels.
     pub fn to_bf16(&self) -> Bf16Weight {
-        let rounded = Bf16Weight::pack_with(
-            self.depth_row(),
-            self.k,
-            self.n,
-            self.bias.clone(),
-            self.kernels == CpuKernels::Amx,
-        );
+        let kernel = Bf16Kernel::for_family(self.kernels).unwrap_or(Bf16Kernel::Widened);
+        let rounded = Bf16Weight::pack_with(self.depth_row(), self.k, self.n, self.bias.clone(), kernel);
         rounded.with_geglu(self.geglu.then_some(GeGlu(self.kernels)))
     }
 

@@ -23,7 +23,7 @@ pub enum MatrixFormat {
     Float32,
     /// Quantized to int8 for the integer kernel of the float family (`LayaModel::quantize_encoder`).
     Int8,
-    /// Rounded to bf16 for the AVX512_BF16 or AMX kernels (`LayaModel::bf16_encoder`).
+    /// Rounded to bf16 for the bf16 kernels (`LayaModel::bf16_encoder`).
     Bf16,
 }
 
@@ -69,7 +69,7 @@ enum LinearWeight {
     Transposed { weight_t: Tensor, bias: Option<Tensor> },
     /// float32 packed in column panels for the CPU kernels.
     Packed(PackedWeight),
-    /// Rounded to bf16 for the AVX512_BF16 or AMX-BF16 kernel.
+    /// Rounded to bf16 for the bf16 kernels (`vdpbf16ps`, widened to f32, or AMX's tiles).
     Bf16(Bf16Weight),
     /// Quantized per output column to int8.
     Int8(QuantizedWeight),
@@ -211,7 +211,7 @@ impl Linear {
     }
 
     /// Replaces the packed float32 CPU weight by its bf16 rounding for the bf16 kernels (`dtype =
-    /// "bf16"` on a CPU with AVX512_BF16); the caller checked that the CPU has it.
+    /// "bf16"` on an AVX-512 CPU); the caller checked that the family has them.
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         let rounded = match &self.weight {
             LinearWeight::Bf16(_) => return Ok(()),

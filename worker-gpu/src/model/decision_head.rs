@@ -171,7 +171,7 @@ impl DecisionHead {
         Ok(())
     }
 
-    /// Replaces the head layers' matrices by their bf16 rounding for the AVX512_BF16 kernel
+    /// Replaces the head layers' matrices by their bf16 rounding for the bf16 kernels
     /// (`dtype = "bf16"` on such a CPU), as [`Self::quantize_for_cpu`] does for int8.
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         for linear in self.layer_matrices() {

@@ -12,6 +12,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use laya::checkpoint::Checkpoint;
 use layad_cpu_kernels::CpuKernels;
+use layad_cpu_kernels::bf16::Bf16Kernel;
 use layad_cpu_kernels::int8::Int8Activations;
 use layad_proto::{Row, RowOutput};
 
@@ -222,10 +223,10 @@ impl LayaModel {
             return Err(LoadError::Device(format!("this CPU has no {kernels} kernels")));
         }
         // Every load that leaves its matrices in bf16 (with or without the reference rows).
-        if format == MatrixFormat::Bf16 && !layad_cpu_kernels::bf16::available() {
-            return Err(LoadError::Device(
-                "the bf16 kernel needs a CPU with AVX512_BF16".to_owned(),
-            ));
+        if format == MatrixFormat::Bf16 && Bf16Kernel::for_family(kernels).is_none() {
+            return Err(LoadError::Device(format!(
+                "the bf16 kernels need the avx512 or amx family, not {kernels}"
+            )));
         }
         let config = &checkpoint.encoder;
         if config.biases {
@@ -320,26 +321,23 @@ impl LayaModel {
     }
 
     /// Switches the matrix products of the encoder and of the decision head's layers to bf16
-    /// weights and activations with the AVX512_BF16 kernel (`dtype = "bf16"` on a CPU that has it):
-    /// the packed float32 weights are rounded to bf16 and dropped; the encoder's attention multiplies
-    /// in bf16 too. Embeddings, norms, the softmax, the decision head's attention, the scorer and
-    /// the act head stay float32. CPU models packed for AVX-512 only.
+    /// weights and activations with the bf16 kernel beside the model's family (`dtype = "bf16"`
+    /// on an AVX-512 CPU, [`Bf16Kernel::for_family`]): the packed float32 weights are rounded to
+    /// bf16 and dropped; the encoder's attention multiplies in bf16 too where the kernel pays
+    /// there (not the widened one's). Embeddings, norms, the softmax, the decision head's
+    /// attention, the scorer and the act head stay float32. CPU models packed for AVX-512 only.
     pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
-        if !self.device.is_cpu() || !layad_cpu_kernels::bf16::available() {
-            candle_core::bail!("the bf16 kernel needs a CPU with AVX512_BF16")
+        if !self.device.is_cpu() || Bf16Kernel::for_family(self.encoder.kernels()).is_none() {
+            candle_core::bail!("the bf16 kernels need a CPU model packed for the avx512 or amx family")
         }
         self.encoder.round_to_bf16_for_cpu()?;
         self.head.round_to_bf16_for_cpu()
     }
 
-    /// The bf16 kernel [`LayaModel::bf16_encoder`] runs: `amx-bf16` (AMX tiles, the `amx` family)
-    /// or `avx512-bf16`.
+    /// The bf16 kernel [`LayaModel::bf16_encoder`] runs: `amx-bf16` (AMX tiles, the `amx` family),
+    /// `avx512-bf16` or `avx512-bf16-widened` ([`Bf16Kernel::as_str`]).
     pub fn bf16_kernel(&self) -> &'static str {
-        if self.encoder.kernels() == CpuKernels::Amx {
-            "amx-bf16"
-        } else {
-            "avx512-bf16"
-        }
+        Bf16Kernel::for_family(self.encoder.kernels()).map_or("none", Bf16Kernel::as_str)
     }
 
     /// How the int8 matrices quantize their activation rows (VNNI kernel only; the AVX2 kernel's

@@ -7,7 +7,7 @@
 use candle_core::{DType, Device, Tensor};
 use laya::config::{EncoderConfig, LayerType};
 use layad_cpu_kernels::CpuKernels;
-use layad_cpu_kernels::bf16::RowsKernel;
+use layad_cpu_kernels::bf16::{Bf16Kernel, RowsKernel};
 use layad_cpu_kernels::int8::{Int8Activations, Int8Kernel};
 
 use crate::error::LoadError;
@@ -62,9 +62,14 @@ pub(crate) struct EncoderLayer {
 }
 
 /// What a bf16 encoder's attention products run on: blocks of rows on AMX's tiles where the
-/// weights run there.
-fn bf16_attention(kernels: CpuKernels) -> RowsKernel {
-    RowsKernel::detect(kernels == CpuKernels::Amx)
+/// weights run there, `vdpbf16ps` where it does; float32 beside the widened kernel, whose products
+/// are float32's speed anyway (`vdpbf16ps` at half of it there, or missing).
+fn bf16_attention(kernels: CpuKernels) -> Option<RowsKernel> {
+    match Bf16Kernel::for_family(kernels)? {
+        Bf16Kernel::Tiles => Some(RowsKernel::detect(true)),
+        Bf16Kernel::DotPairs => Some(RowsKernel::detect(false)),
+        Bf16Kernel::Widened => None,
+    }
 }
 
 impl EncoderLayer {
@@ -186,7 +191,9 @@ impl Encoder {
             finish_all(layer.matrices(), kernels, format, &p)?;
             encoder.layers.push(layer);
         }
-        encoder.attention_bf16 = (format == MatrixFormat::Bf16).then(|| bf16_attention(kernels));
+        encoder.attention_bf16 = (format == MatrixFormat::Bf16)
+            .then(|| bf16_attention(kernels))
+            .flatten();
         Ok(encoder)
     }
 
@@ -210,14 +217,14 @@ impl Encoder {
         Ok(())
     }
 
-    /// Replaces every packed encoder matrix by its bf16 rounding for the AVX512_BF16 kernel, and
-    /// runs the attention's products in bf16 too (rows multiplied where they lie, on the same
+    /// Replaces every packed encoder matrix by its bf16 rounding for the bf16 kernels, and
+    /// (except beside the widened kernel) runs the attention's products in bf16 too (rows multiplied where they lie, on the same
     /// instruction).
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
         }
-        self.attention_bf16 = Some(bf16_attention(self.kernels));
+        self.attention_bf16 = bf16_attention(self.kernels);
         Ok(())
     }
 
