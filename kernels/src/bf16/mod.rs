@@ -185,11 +185,6 @@ impl Bf16Weight {
         Self { geglu, ..self }
     }
 
-    /// The instructions its products run on.
-    pub fn kernel(&self) -> Bf16Kernel {
-        self.kernel
-    }
-
     /// Whether products apply GeGLU (made from a weight packed for it).
     pub fn applies_geglu(&self) -> bool {
         self.geglu.is_some()
@@ -239,10 +234,10 @@ impl Bf16Weight {
             Bf16Kernel::DotPairs | Bf16Kernel::Widened => (m.next_multiple_of(tile), pairs * words_per_pair),
         };
         let mut packed = vec![0u32; rows / tile * chunk];
-        let packer = RowPacker::new(self.kernel, portable);
+        let instructions = Instructions::new(self.kernel, portable);
         packed.par_chunks_mut(chunk).enumerate().for_each(|(t, dst)| {
             for r in 0..tile.min(m.saturating_sub(t * tile)) {
-                packer.pack(&x[(t * tile + r) * k..(t * tile + r + 1) * k], &mut dst[r..], tile);
+                instructions.pack(&x[(t * tile + r) * k..(t * tile + r + 1) * k], &mut dst[r..], tile);
             }
         });
         packed
@@ -264,7 +259,7 @@ impl Bf16Weight {
             product.run(portable);
             return;
         }
-        let kernel = TileKernel::new(self.kernel, portable);
+        let instructions = Instructions::new(self.kernel, portable);
         let (tile_rows, words) = self.kernel.row_tile();
         let next = NextSlices {
             panels: &self.panels,
@@ -283,7 +278,7 @@ impl Bf16Weight {
                 let x = &packed_x[(tile * pairs + depth) * words..(tile * pairs + depth + kc) * words];
                 for p in 0..count {
                     let start = (first + p) * pairs * 2 * NR;
-                    kernel.run(
+                    instructions.tile(
                         rows,
                         Bf16TileCall {
                             x,
@@ -301,80 +296,25 @@ impl Bf16Weight {
     }
 }
 
-/// How one row is rounded into the packed words ([`Bf16Weight::pack_rows`]).
+/// The instructions a weight's rows are rounded and its tiles multiplied with: SIMD, or the
+/// portable twins (AMX's rows are `vdpbf16ps`' pair words; its tiles run elsewhere).
 #[derive(Clone, Copy)]
-enum RowPacker {
-    /// Depth-pair words (`vdpbf16ps`' and AMX's rows): `vcvtne2ps2bf16`, or portable code.
+enum Instructions {
     #[cfg(target_arch = "x86_64")]
-    Pairs(avx512::Bf16Dp),
-    PortablePairs,
-    /// One rounded value per depth, as f32 bits (the widened kernel's rows).
+    DotPairs(avx512::Bf16Dp),
     #[cfg(target_arch = "x86_64")]
-    Values(widened::Widened),
-    PortableValues,
+    Widened(widened::Widened),
+    /// Portable code: rows as one rounded value per depth (the widened kernel's layout) when
+    /// `values`, else as depth-pair words.
+    Portable { values: bool },
 }
 
-impl RowPacker {
+impl Instructions {
     fn new(kernel: Bf16Kernel, portable: bool) -> Self {
         let values = kernel == Bf16Kernel::Widened;
         #[cfg(target_arch = "x86_64")]
         if !portable {
             let simd = if values {
-                widened::Widened::try_new().map(Self::Values)
-            } else {
-                avx512::Bf16Dp::try_new().map(Self::Pairs)
-            };
-            if let Some(simd) = simd {
-                return simd;
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = portable;
-        if values {
-            Self::PortableValues
-        } else {
-            Self::PortablePairs
-        }
-    }
-
-    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth.
-    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Self::Pairs(simd) => simd.pack_row(row, dst, step),
-            #[cfg(target_arch = "x86_64")]
-            Self::Values(simd) => simd.pack_row(row, dst, step),
-            Self::PortablePairs => {
-                for (d, pair) in row.chunks(2).enumerate() {
-                    dst[d * step] = pair_word(pair);
-                }
-            }
-            Self::PortableValues => {
-                for (d, &v) in row.iter().enumerate() {
-                    dst[d * step] = u32::from(to_bf16(v)) << 16;
-                }
-            }
-        }
-    }
-}
-
-/// The tile a non-AMX kernel call runs ([`Bf16Weight::block`]): SIMD, or its portable twin.
-#[derive(Clone, Copy)]
-enum TileKernel {
-    #[cfg(target_arch = "x86_64")]
-    DotPairs(avx512::Bf16Dp),
-    PortablePairs,
-    #[cfg(target_arch = "x86_64")]
-    Widened(widened::Widened),
-    PortableWidened,
-}
-
-impl TileKernel {
-    fn new(kernel: Bf16Kernel, portable: bool) -> Self {
-        let widened = kernel == Bf16Kernel::Widened;
-        #[cfg(target_arch = "x86_64")]
-        if !portable {
-            let simd = if widened {
                 widened::Widened::try_new().map(Self::Widened)
             } else {
                 avx512::Bf16Dp::try_new().map(Self::DotPairs)
@@ -385,21 +325,38 @@ impl TileKernel {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        if widened {
-            Self::PortableWidened
-        } else {
-            Self::PortablePairs
+        Self::Portable { values }
+    }
+
+    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth.
+    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::DotPairs(simd) => simd.pack_row(row, dst, step),
+            #[cfg(target_arch = "x86_64")]
+            Self::Widened(simd) => simd.pack_row(row, dst, step),
+            Self::Portable { values: false } => {
+                for (d, pair) in row.chunks(2).enumerate() {
+                    dst[d * step] = pair_word(pair);
+                }
+            }
+            Self::Portable { values: true } => {
+                for (d, &v) in row.iter().enumerate() {
+                    dst[d * step] = u32::from(to_bf16(v)) << 16;
+                }
+            }
         }
     }
 
-    fn run(self, rows: usize, call: Bf16TileCall<'_>) {
+    /// One kernel call of `rows` rows ([`Bf16Weight::block`]).
+    fn tile(self, rows: usize, call: Bf16TileCall<'_>) {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::DotPairs(simd) => simd.tile(rows, call),
             #[cfg(target_arch = "x86_64")]
             Self::Widened(simd) => simd.tile(rows, call),
-            Self::PortablePairs => scalar_tile(rows, call),
-            Self::PortableWidened => scalar_widened_tile(rows, call),
+            Self::Portable { values: false } => scalar_tile(rows, call),
+            Self::Portable { values: true } => scalar_widened_tile(rows, call),
         }
     }
 }
