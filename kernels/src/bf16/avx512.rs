@@ -172,16 +172,7 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
         prefetch,
     } = call;
     const { assert!(R >= 1 && R <= MR && NR == 32) };
-    // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
-    assert!(out.len() >= (R - 1) * stride + NR, "bf16 tile output too short");
-    let mut acc: [[__m512; 2]; R] = [[_mm512_setzero_ps(); 2]; R];
-    if accumulate {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let held = &out[r * stride..r * stride + NR];
-            // SAFETY: `held` is 32 f32 = two 64-byte vectors; `loadu` needs no alignment.
-            *acc = unsafe { [_mm512_loadu_ps(held.as_ptr()), _mm512_loadu_ps(held[16..].as_ptr())] };
-        }
-    }
+    let mut acc = held_sums::<R>(out, stride, accumulate);
     for (i, (w, a)) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(MR)).enumerate() {
         prefetch.step(i);
         // SAFETY: `w` is 64 u16 = two 64-byte vectors; `loadu` needs no alignment.
@@ -197,6 +188,33 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], v, w1);
         }
     }
+    store_sums(&acc, out, stride);
+}
+
+/// The `R × 2` accumulator registers of a tile of `R` rows of 32 f32 sums (rows `stride` apart in
+/// `out`): the sums `out` holds when `accumulate`, else zeros. Both bf16 microkernels' (this one's
+/// and `widened.rs`'), with [`store_sums`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn held_sums<const R: usize>(out: &[f32], stride: usize, accumulate: bool) -> [[__m512; 2]; R] {
+    // Every row's 32 sums lie inside `out`: the loads here and the stores of `store_sums` stay in
+    // bounds.
+    assert!(out.len() >= (R - 1) * stride + NR, "bf16 tile output too short");
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    if accumulate {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let held = &out[r * stride..r * stride + NR];
+            // SAFETY: `held` is 32 f32 = two 64-byte vectors; `loadu` needs no alignment.
+            *acc = unsafe { [_mm512_loadu_ps(held.as_ptr()), _mm512_loadu_ps(held[16..].as_ptr())] };
+        }
+    }
+    acc
+}
+
+/// The tile's sums into `out`'s rows (`stride` apart), over what they held.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn store_sums<const R: usize>(acc: &[[__m512; 2]; R], out: &mut [f32], stride: usize) {
     for (r, acc) in acc.iter().enumerate() {
         let dst = &mut out[r * stride..r * stride + NR];
         // SAFETY: `dst` is 32 f32 = two 64-byte vectors; `storeu` needs no alignment.

@@ -2,8 +2,8 @@
 //! widened to two f32 registers in place (a shift and a mask), the activation rows rounded to bf16
 //! once and laid out as f32, one `vfmadd` per depth. For CPUs whose `vdpbf16ps` does not pay:
 //! Intel's (Emerald Rapids runs one every two cycles against two FMAs a cycle, measured in
-//! docs/benchmarks/notes.md, so its 32 products an instruction give no more than an FMA's 16),
-//! and AVX-512 CPUs without AVX512_BF16. The weights stay half the size of f32's.
+//! docs/benchmarks/notes.md: 16 products a cycle against the FMAs' 32), and AVX-512 CPUs without
+//! AVX512_BF16. The weights stay half the size of f32's.
 
 // Entering a `#[target_feature]` function and unaligned vector loads and stores are `unsafe`;
 // each use says why it holds.
@@ -11,11 +11,11 @@
 
 use std::arch::x86_64::{
     __m512, __m512i, _CMP_UNORD_Q, _mm512_add_epi32, _mm512_and_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask,
-    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_blend_epi32, _mm512_maskz_loadu_ps,
-    _mm512_or_si512, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_slli_epi32, _mm512_srli_epi32,
-    _mm512_storeu_ps, _mm512_storeu_si512,
+    _mm512_fmadd_ps, _mm512_loadu_si512, _mm512_mask_blend_epi32, _mm512_maskz_loadu_ps, _mm512_or_si512,
+    _mm512_set1_epi32, _mm512_set1_ps, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_storeu_si512,
 };
 
+use super::avx512::{held_sums, store_sums};
 use super::tile::{Bf16TileCall, MW, NR};
 
 /// Proof that this CPU has AVX-512F.
@@ -109,17 +109,8 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
         prefetch,
     } = call;
     const { assert!(R >= 1 && R <= MW && NR == 32) };
-    // Every row's 32 sums lie inside `out`: the loads and stores below stay in bounds.
-    assert!(out.len() >= (R - 1) * stride + NR, "bf16 tile output too short");
     let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
-    let mut acc: [[__m512; 2]; R] = [[_mm512_setzero_ps(); 2]; R];
-    if accumulate {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let held = &out[r * stride..r * stride + NR];
-            // SAFETY: `held` is 32 f32 = two 64-byte vectors; `loadu` needs no alignment.
-            *acc = unsafe { [_mm512_loadu_ps(held.as_ptr()), _mm512_loadu_ps(held[16..].as_ptr())] };
-        }
-    }
+    let mut acc = held_sums::<R>(out, stride, accumulate);
     for (i, (w, a)) in panel.chunks_exact(2 * NR).zip(x.chunks_exact(2 * MW)).enumerate() {
         prefetch.step(i);
         // SAFETY: `w` is 64 u16 = two 64-byte vectors; `loadu` needs no alignment.
@@ -149,12 +140,5 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
             acc[r][1] = _mm512_fmadd_ps(v, o1, acc[r][1]);
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        let dst = &mut out[r * stride..r * stride + NR];
-        // SAFETY: `dst` is 32 f32 = two 64-byte vectors; `storeu` needs no alignment.
-        unsafe {
-            _mm512_storeu_ps(dst.as_mut_ptr(), acc[0]);
-            _mm512_storeu_ps(dst[16..].as_mut_ptr(), acc[1]);
-        }
-    }
+    store_sums(&acc, out, stride);
 }
