@@ -105,9 +105,10 @@ fn dot_pairs_available() -> bool {
     }
 }
 
-/// Whether this CPU's `vdpbf16ps` runs at half its f32 FMA's rate: Intel's do (one every two
-/// cycles on Emerald Rapids against two FMAs a cycle, `tools/bench/simd-peak.c`), AMD's run both
-/// at the same rate.
+/// Whether this CPU's `vdpbf16ps` runs at half its f32 FMA's rate: Intel's (one every two cycles
+/// on Emerald Rapids against two FMAs a cycle, `tools/bench/simd-peak.c`; the other Intel Xeons
+/// with AVX512_BF16 are assumed alike, not measured); AMD's Zen 4 and Zen 5 run it at about the
+/// FMA's instruction rate (docs/benchmarks/notes.md).
 fn half_rate_dot_pairs() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
