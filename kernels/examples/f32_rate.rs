@@ -5,7 +5,7 @@
 //!     cargo run --release -p layad-cpu-kernels --example f32_rate -- [ROWS] [THREADS] [FAMILY] [BF16]
 //!
 //! `BF16` runs the weights rounded to bf16 instead: `bf16` (the kernel beside the family),
-//! `amx-bf16`, `avx512-bf16` or `avx512-bf16-widened`. No bias, as in ModernBERT's layers. Prints,
+//! `amx-bf16`, `avx512-bf16`, `avx512-fp16` or `avx512-bf16-widened`. No bias, as in ModernBERT's layers. Prints,
 //! per shape, the best of several products in ms and its multiply-adds per second.
 
 use std::time::Instant;
@@ -29,9 +29,14 @@ fn main() {
     let bf16 = match args.get(3).map(String::as_str) {
         None => None,
         Some("bf16") => Bf16Kernel::for_family(kernels),
-        Some(name) => [Bf16Kernel::Tiles, Bf16Kernel::DotPairs, Bf16Kernel::Widened]
-            .into_iter()
-            .find(|k| k.as_str() == name),
+        Some(name) => [
+            Bf16Kernel::Tiles,
+            Bf16Kernel::DotPairs,
+            Bf16Kernel::Halves,
+            Bf16Kernel::Widened,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name),
     };
     if args.len() > 3 && bf16.is_none() {
         return eprintln!("no bf16 kernel '{}' beside {kernels}", args[3]);

@@ -25,8 +25,9 @@
 //!   combine; AMX's `tdpbusd` through [`amx`].
 //! - [`bf16`]: [`bf16::Bf16Weight`], weights rounded to bf16, and [`bf16::Bf16Kernel`], which
 //!   instructions multiply them beside a family; `bf16/avx512.rs` the AVX512_BF16 microkernel
-//!   (`vdpbf16ps`), `bf16/widened.rs` the weights widened to f32 for f32 FMAs (AVX-512F: Intel's
-//!   `vdpbf16ps` runs at half the FMA's rate), `bf16/tile.rs` the call they and the portable
+//!   (`vdpbf16ps`), `bf16/halves.rs` f16 multiply-adds (AVX512-FP16: Intel's `vdpbf16ps` runs at
+//!   half the FMA's rate), `bf16/widened.rs` the weights widened to f32 for f32 FMAs (AVX-512F
+//!   without either), `bf16/tile.rs` the call they and the portable
 //!   tiles take, AMX's `tdpbf16ps` through [`amx`]; `bf16/rows.rs` the same tile for products by something other
 //!   than a weight ([`bf16::RowsProduct`]: the attention's q·kᵀ and p·v in a bf16 pool), and
 //!   their blocks of rows on AMX's tiles where the pool's weights run there ([`bf16::RowTiles`]).
@@ -51,10 +52,11 @@
 //!
 //! Every SIMD kernel has a portable twin the tests compare it with: bit for bit for the integer
 //! sums, the row quantization and the combine (int8) and the f32 panels; within f32 rounding where
-//! the instruction rounds differently (bf16's `vdpbf16ps`), and against a float64 product.
+//! the instruction rounds differently (bf16's `vdpbf16ps`), and against a float64 product; the f16
+//! kernel's bit for bit against each multiply-add computed in f64 and rounded to f16.
 //!
 //! `unsafe` lives in the modules that execute SIMD or tile instructions (`int8::vnni`,
-//! `int8::avx_vnni`, `bf16::avx512`, `bf16::widened`, `amx::tiles`), in the permission request
+//! `int8::avx_vnni`, `bf16::avx512`, `bf16::halves`, `bf16::widened`, `amx::tiles`), in the permission request
 //! (`amx::permission`), and in the marked places of `driver.rs` (the prefetch hint, and the output's
 //! disjoint column ranges, written in place or copied into without zeroing first) and of
 //! `int8/mod.rs` (its combine's promise to write every column of its range), each use with its

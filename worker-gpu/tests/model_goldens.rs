@@ -256,22 +256,25 @@ fn bf16_stays_close_to_upstream() {
 }
 
 /// On an AVX-512 CPU the bf16 engine runs the bf16 kernel beside its family (its gate says
-/// which: AMX's tiles, `vdpbf16ps` where it pays, else the widened weights); elsewhere candle's
-/// bf16 path, gated the same way.
+/// which: AMX's tiles, `vdpbf16ps` where it pays, f16 multiply-adds on Intel's with AVX512-FP16,
+/// else the widened weights); elsewhere candle's bf16 path, gated the same way.
 #[test]
 fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
     #[cfg(target_arch = "x86_64")]
-    let (avx512, dot_pairs, intel) = (
+    let (avx512, dot_pairs, halves, intel) = (
         CpuKernels::Avx512.available(),
         std::arch::is_x86_feature_detected!("avx512bf16") && std::arch::is_x86_feature_detected!("avx512bw"),
+        std::arch::is_x86_feature_detected!("avx512fp16") && std::arch::is_x86_feature_detected!("avx512bw"),
         std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| info.contains("GenuineIntel")),
     );
     #[cfg(not(target_arch = "x86_64"))]
-    let (avx512, dot_pairs, intel) = (false, false, false);
+    let (avx512, dot_pairs, halves, intel) = (false, false, false, false);
     let kernel = if CpuKernels::Amx.available() {
         Some("amx-bf16")
     } else if dot_pairs && !intel {
         Some("avx512-bf16 ")
+    } else if avx512 && halves {
+        Some("avx512-fp16")
     } else if avx512 {
         Some("avx512-bf16-widened")
     } else {
@@ -284,7 +287,9 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
         match kernel {
             Some(kernel) => assert!(report.executor.contains(kernel), "{kernel}: {report:?}"),
             None => assert!(
-                !report.executor.contains("avx512-bf16") && !report.executor.contains("amx-bf16"),
+                !["avx512-bf16", "avx512-fp16", "amx-bf16"]
+                    .iter()
+                    .any(|kernel| report.executor.contains(kernel)),
                 "{report:?}"
             ),
         }
@@ -293,12 +298,11 @@ fn bf16_runs_the_native_kernel_where_the_cpu_has_it() {
     // An AVX2 engine never takes the AVX-512 bf16 kernel.
     if CpuKernels::Avx2.available() {
         let avx2 = engine_with(Precision::Bf16, Vec::new(), Some(CpuKernels::Avx2)).expect("load");
-        assert!(
-            layad_proto::Engine::describe(&avx2)
-                .parity
+        assert!(layad_proto::Engine::describe(&avx2).parity.iter().all(|r| {
+            ["avx512-bf16", "avx512-fp16", "amx-bf16"]
                 .iter()
-                .all(|r| !r.executor.contains("avx512-bf16") && !r.executor.contains("amx-bf16"))
-        );
+                .all(|kernel| !r.executor.contains(kernel))
+        }));
     }
 }
 

@@ -74,6 +74,7 @@ impl Bf16Dp {
                 out,
                 stride,
                 accumulate: false,
+                scales: &[],
                 prefetch: Prefetch::NONE,
             },
         );
@@ -170,6 +171,7 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
         stride,
         accumulate,
         prefetch,
+        ..
     } = call;
     const { assert!(R >= 1 && R <= MR && NR == 32) };
     let mut acc = held_sums::<R>(out, stride, accumulate);

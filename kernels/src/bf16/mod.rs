@@ -2,8 +2,10 @@
 //! weights rounded to bf16 once at load, activation rows rounded to bf16 at each call, f32 sums and
 //! results. Which instructions multiply ([`Bf16Kernel`], chosen once beside the float family):
 //! `vdpbf16ps` (32 bf16 products summed pairwise into 16 f32 lanes per instruction, twice the
-//! products of an f32 FMA) where the CPU runs it at the FMA's rate; the weights widened to f32 in
-//! registers and f32 FMAs (`widened.rs`) where it does not (Intel's) or the CPU lacks AVX512_BF16.
+//! products of an f32 FMA) where the CPU runs it at the FMA's rate; f16 multiply-adds
+//! (`halves.rs`, AVX512-FP16: twice the f32 FMA's products, sums in f16 over 32 depths) where it
+//! does not (Intel's); the weights widened to f32 in registers and f32 FMAs (`widened.rs`) on the
+//! other AVX-512 CPUs.
 //!
 //! Why not candle's bf16 CPU path: its matmul converts and multiplies through the `gemm` crate
 //! without native bf16 dot products, and every other op of a bf16 forward runs candle's slower bf16
@@ -28,6 +30,8 @@ use crate::geglu::GeGlu;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod halves;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -39,8 +43,8 @@ mod words;
 pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowTiles, RowsKernel, RowsProduct};
 
 use crate::CpuKernels;
-use tile::{Bf16TileCall, MR, MW, NR};
-use words::{from_bf16, pair_word, to_bf16};
+use tile::{Bf16TileCall, FLUSH_PAIRS, MR, MW, NR, PANEL_PEAK, ROW_PEAK};
+use words::{f16_shift, from_bf16, from_f16, pair_word, pow2_f32, to_bf16, to_f16};
 
 /// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
 const KC: usize = 128;
@@ -53,32 +57,40 @@ pub enum Bf16Kernel {
     /// `vdpbf16ps` (AVX512_BF16), where it runs at the f32 FMA's rate and so multiplies twice its
     /// products (AMD's Zen 4 and Zen 5).
     DotPairs,
-    /// Weights widened to f32 in registers, f32 FMAs (AVX-512F): where `vdpbf16ps` runs at half
-    /// the FMA's rate (Intel's Xeons without AMX's tiles; measured on Emerald Rapids), so it would
-    /// be slower than the f32 pool, or is missing; as fast as f32, with half its weights' memory.
+    /// f16 multiply-adds (AVX512-FP16, `halves.rs`): where `vdpbf16ps` runs at half the FMA's
+    /// rate (Intel's Xeons without AMX's tiles; measured on Emerald Rapids), so it would be slower
+    /// than the f32 pool; the weights' bf16 values and the rows held in f16, each scaled by a
+    /// power of two, sums in f16 over 32 depths.
+    Halves,
+    /// Weights widened to f32 in registers, f32 FMAs (AVX-512F): the AVX-512 CPUs with neither
+    /// (AVX512_BF16 missing, or Intel's half-rate one without AVX512-FP16); as fast as f32, with
+    /// half its weights' memory.
     Widened,
 }
 
 impl Bf16Kernel {
-    /// The bf16 kernel beside a float kernel family: AMX's tiles beside `amx`, `vdpbf16ps` or the
-    /// widened kernel beside `avx512` (see the variants); none beside `avx2` and `gemm` (their
-    /// bf16 pools run candle's bf16 path).
+    /// The bf16 kernel beside a float kernel family: AMX's tiles beside `amx`; `vdpbf16ps`, f16
+    /// multiply-adds or the widened kernel beside `avx512` (see the variants); none beside `avx2`
+    /// and `gemm` (their bf16 pools run candle's bf16 path).
     pub fn for_family(family: CpuKernels) -> Option<Self> {
         match family {
             CpuKernels::Amx if dot_pairs_available() => Some(Self::Tiles),
             CpuKernels::Amx | CpuKernels::Avx512 if dot_pairs_available() && !half_rate_dot_pairs() => {
                 Some(Self::DotPairs)
             }
+            CpuKernels::Amx | CpuKernels::Avx512 if halves_available() => Some(Self::Halves),
             CpuKernels::Amx | CpuKernels::Avx512 => Some(Self::Widened),
             CpuKernels::Avx2 | CpuKernels::Gemm => None,
         }
     }
 
-    /// `amx-bf16`, `avx512-bf16` or `avx512-bf16-widened`: what the gate's report names.
+    /// `amx-bf16`, `avx512-bf16`, `avx512-fp16` or `avx512-bf16-widened`: what the gate's report
+    /// names.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tiles => "amx-bf16",
             Self::DotPairs => "avx512-bf16",
+            Self::Halves => "avx512-fp16",
             Self::Widened => "avx512-bf16-widened",
         }
     }
@@ -88,7 +100,7 @@ impl Bf16Kernel {
         match self {
             Self::Tiles => (1, 1),
             Self::DotPairs => (MR, MR),
-            Self::Widened => (MW, 2 * MW),
+            Self::Halves | Self::Widened => (MW, 2 * MW),
         }
     }
 }
@@ -98,6 +110,18 @@ fn dot_pairs_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx512::Bf16Dp::try_new().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU has the f16 multiply-adds (AVX-512F, AVX-512BW and AVX512-FP16).
+fn halves_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        halves::Halves::try_new().is_some()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -123,13 +147,17 @@ fn half_rate_dot_pairs() -> bool {
 }
 
 /// A weight `[k, n]` in bf16, packed: panel `p` holds columns `p·32 .. p·32 + 32` (zero past `n`);
-/// per depth pair `d`, column `c` holds `[w(2d, c), w(2d + 1, c)]` (zero past `k`).
+/// per depth pair `d`, column `c` holds `[w(2d, c), w(2d + 1, c)]` (zero past `k`). For the f16
+/// kernel, the pair's 32 even-depth values then its 32 odd-depth ones, in f16, scaled by the power
+/// of two whose inverse is the panel's entry in `scales`.
 pub struct Bf16Weight {
     k: usize,
     n: usize,
     kernel: Bf16Kernel,
     pairs: usize,
     panels: Vec<u16>,
+    /// The f16 kernel's per panel: what multiplies its sums back (empty for the others).
+    scales: Vec<f32>,
     bias: Option<Vec<f32>>,
     /// GeGLU applied as the products write (columns grouped for it, `crate::geglu`).
     geglu: Option<GeGlu>,
@@ -152,7 +180,38 @@ impl Bf16Weight {
         };
         let count = n.div_ceil(NR);
         let mut panels = vec![0u16; count * pairs * 2 * NR];
-        if k > 0 {
+        let halves = kernel == Bf16Kernel::Halves;
+        let mut scales = vec![1f32; if halves { count } else { 0 }];
+        if k > 0 && halves {
+            panels
+                .par_chunks_mut(pairs * 2 * NR)
+                .zip(scales.par_iter_mut())
+                .enumerate()
+                .for_each(|(p, (panel, scale))| {
+                    // The panel's bf16 values first (its largest finite one sets its scale).
+                    let width = NR.min(n - p * NR);
+                    let mut values = vec![0f32; k * NR];
+                    for (depth, values) in values.chunks_exact_mut(NR).enumerate() {
+                        row(depth, p * NR, &mut values[..width]);
+                        for v in &mut values[..width] {
+                            *v = from_bf16(to_bf16(*v));
+                        }
+                    }
+                    let peak = values
+                        .iter()
+                        .map(|v| v.abs())
+                        .filter(|v| v.is_finite())
+                        .fold(0.0, f32::max);
+                    let shift = f16_shift(peak, PANEL_PEAK);
+                    *scale = pow2_f32(-shift);
+                    for (depth, values) in values.chunks_exact(NR).enumerate() {
+                        let at = (depth / 2) * 2 * NR + (depth % 2) * NR;
+                        for (c, &v) in values[..width].iter().enumerate() {
+                            panel[at + c] = to_f16(f64::from(v * pow2_f32(shift)));
+                        }
+                    }
+                });
+        } else if k > 0 {
             panels
                 .par_chunks_mut(pairs * 2 * NR)
                 .enumerate()
@@ -176,6 +235,7 @@ impl Bf16Weight {
             kernel,
             pairs,
             panels,
+            scales,
             bias,
             geglu: None,
         }
@@ -206,7 +266,7 @@ impl Bf16Weight {
         if m == 0 || self.n == 0 || self.k == 0 {
             return bias_rows(self.bias.as_deref(), m, self.out_features());
         }
-        let packed_x = self.pack_rows(x, m, portable);
+        let rows = self.pack_rows(x, m, portable);
         in_column_blocks(
             m,
             self.n,
@@ -214,7 +274,7 @@ impl Bf16Weight {
             self.bias.as_deref(),
             self.geglu,
             |first, count, block| {
-                self.block(&packed_x, m, first, count, block, portable);
+                self.block(&rows, m, first, count, block, portable);
             },
         )
     }
@@ -222,29 +282,39 @@ impl Bf16Weight {
     /// Rows of `x` rounded to bf16 and packed for the kernel: for `vdpbf16ps`, in tiles of `MR`
     /// rows, tile `t` holding per depth pair `MR` u32 words `bf16(x[2d]) | bf16(x[2d + 1]) << 16`;
     /// for the widened kernel, in tiles of `MW` rows, per depth `MW` rounded values as f32 bits;
-    /// for AMX, the rows' pair words one row after another (`amx::row_stride` words apart), rows
-    /// padded to 16. Zero past `m` and `k`. With the SIMD (and not `portable`), `vdpbf16ps`' rows
-    /// are rounded by `vcvtne2ps2bf16`: the same words, except that it flushes subnormal values to
-    /// zero; the widened kernel's give the portable bits.
-    fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> Vec<u32> {
+    /// for the f16 kernel the same as f16 twice in each word, each row scaled, its multiplier back
+    /// in [`PackedRows::scales`]; for AMX, the rows' pair words one row after another
+    /// (`amx::row_stride` words apart), rows padded to 16. Zero past `m` and `k`. With the SIMD
+    /// (and not `portable`), `vdpbf16ps`' rows are rounded by `vcvtne2ps2bf16`: the same words,
+    /// except that it flushes subnormal values to zero; the other kernels' give the portable bits.
+    fn pack_rows(&self, x: &[f32], m: usize, portable: bool) -> PackedRows {
         let (k, pairs) = (self.k, self.pairs);
         // Rows per chunk of the packed words (a row's values `tile` words apart), and its words.
         let (tile, words_per_pair) = self.kernel.row_tile();
         let (rows, chunk) = match self.kernel {
             Bf16Kernel::Tiles => (m.next_multiple_of(TILE_ROWS), row_stride(pairs)),
-            Bf16Kernel::DotPairs | Bf16Kernel::Widened => (m.next_multiple_of(tile), pairs * words_per_pair),
-        };
-        let mut packed = vec![0u32; rows / tile * chunk];
-        let instructions = Instructions::new(self.kernel, portable);
-        packed.par_chunks_mut(chunk).enumerate().for_each(|(t, dst)| {
-            for r in 0..tile.min(m.saturating_sub(t * tile)) {
-                instructions.pack(&x[(t * tile + r) * k..(t * tile + r + 1) * k], &mut dst[r..], tile);
+            Bf16Kernel::DotPairs | Bf16Kernel::Halves | Bf16Kernel::Widened => {
+                (m.next_multiple_of(tile), pairs * words_per_pair)
             }
-        });
-        packed
+        };
+        let mut words = vec![0u32; rows / tile * chunk];
+        let mut scales = vec![1f32; rows];
+        let instructions = Instructions::new(self.kernel, portable);
+        words
+            .par_chunks_mut(chunk)
+            .zip(scales.par_chunks_mut(tile))
+            .enumerate()
+            .for_each(|(t, (dst, scales))| {
+                for r in 0..tile.min(m.saturating_sub(t * tile)) {
+                    let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
+                    scales[r] = instructions.pack(row, &mut dst[r..], tile);
+                }
+            });
+        PackedRows { words, scales }
     }
 
-    fn block(&self, packed_x: &[u32], m: usize, first: usize, count: usize, block: &mut [f32], portable: bool) {
+    fn block(&self, packed: &PackedRows, m: usize, first: usize, count: usize, block: &mut [f32], portable: bool) {
+        let packed_x = &packed.words;
         let pairs = self.pairs;
         let stride = count * NR;
         if self.kernel == Bf16Kernel::Tiles {
@@ -279,6 +349,17 @@ impl Bf16Weight {
                 let x = &packed_x[(tile * pairs + depth) * words..(tile * pairs + depth + kc) * words];
                 for p in 0..count {
                     let start = (first + p) * pairs * 2 * NR;
+                    // The f16 kernel's multipliers: its rows' times its panel's.
+                    let mut scales = [0f32; MW];
+                    let scales = match self.scales.get(first + p) {
+                        Some(panel) => {
+                            for (s, row) in scales.iter_mut().zip(&packed.scales[row..row + rows]) {
+                                *s = row * panel;
+                            }
+                            &scales[..rows]
+                        }
+                        None => &[],
+                    };
                     instructions.tile(
                         rows,
                         Bf16TileCall {
@@ -287,6 +368,7 @@ impl Bf16Weight {
                             out: &mut block[row * stride + p * NR..],
                             stride,
                             accumulate: depth > 0,
+                            scales,
                             prefetch: prefetch.share(first + p, tile),
                         },
                     );
@@ -297,28 +379,34 @@ impl Bf16Weight {
     }
 }
 
+/// The activation rows of one product, packed ([`Bf16Weight::pack_rows`]).
+struct PackedRows {
+    words: Vec<u32>,
+    /// Per row, what multiplies its sums back: the f16 kernel's inverse row scale, else 1.
+    scales: Vec<f32>,
+}
+
 /// The instructions a weight's rows are rounded and its tiles multiplied with: SIMD, or the
-/// portable twins (AMX's rows are `vdpbf16ps`' pair words; its tiles run elsewhere).
+/// portable twin of a kernel (AMX's rows are `vdpbf16ps`' pair words; its tiles run elsewhere).
 #[derive(Clone, Copy)]
 enum Instructions {
     #[cfg(target_arch = "x86_64")]
     DotPairs(avx512::Bf16Dp),
     #[cfg(target_arch = "x86_64")]
+    Halves(halves::Halves),
+    #[cfg(target_arch = "x86_64")]
     Widened(widened::Widened),
-    /// Portable code: rows as one rounded value per depth (the widened kernel's layout) when
-    /// `values`, else as depth-pair words.
-    Portable { values: bool },
+    Portable(Bf16Kernel),
 }
 
 impl Instructions {
     fn new(kernel: Bf16Kernel, portable: bool) -> Self {
-        let values = kernel == Bf16Kernel::Widened;
         #[cfg(target_arch = "x86_64")]
         if !portable {
-            let simd = if values {
-                widened::Widened::try_new().map(Self::Widened)
-            } else {
-                avx512::Bf16Dp::try_new().map(Self::DotPairs)
+            let simd = match kernel {
+                Bf16Kernel::Tiles | Bf16Kernel::DotPairs => avx512::Bf16Dp::try_new().map(Self::DotPairs),
+                Bf16Kernel::Halves => halves::Halves::try_new().map(Self::Halves),
+                Bf16Kernel::Widened => widened::Widened::try_new().map(Self::Widened),
             };
             if let Some(simd) = simd {
                 return simd;
@@ -326,27 +414,44 @@ impl Instructions {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = portable;
-        Self::Portable { values }
+        Self::Portable(kernel)
     }
 
-    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth.
-    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) {
+    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth; returns what
+    /// multiplies the row's sums back (1 but for the f16 kernel).
+    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::DotPairs(simd) => simd.pack_row(row, dst, step),
             #[cfg(target_arch = "x86_64")]
+            Self::Halves(simd) => return simd.pack_row(row, dst, step),
+            #[cfg(target_arch = "x86_64")]
             Self::Widened(simd) => simd.pack_row(row, dst, step),
-            Self::Portable { values: false } => {
+            Self::Portable(Bf16Kernel::Tiles | Bf16Kernel::DotPairs) => {
                 for (d, pair) in row.chunks(2).enumerate() {
                     dst[d * step] = pair_word(pair);
                 }
             }
-            Self::Portable { values: true } => {
+            Self::Portable(Bf16Kernel::Halves) => {
+                let peak = row
+                    .iter()
+                    .map(|v| v.abs())
+                    .filter(|v| v.is_finite())
+                    .fold(0.0, f32::max);
+                let shift = f16_shift(peak, ROW_PEAK);
+                for (d, &v) in row.iter().enumerate() {
+                    let half = u32::from(to_f16(f64::from(v * pow2_f32(shift))));
+                    dst[d * step] = half | half << 16;
+                }
+                return pow2_f32(-shift);
+            }
+            Self::Portable(Bf16Kernel::Widened) => {
                 for (d, &v) in row.iter().enumerate() {
                     dst[d * step] = u32::from(to_bf16(v)) << 16;
                 }
             }
         }
+        1.0
     }
 
     /// One kernel call of `rows` rows ([`Bf16Weight::block`]).
@@ -355,9 +460,12 @@ impl Instructions {
             #[cfg(target_arch = "x86_64")]
             Self::DotPairs(simd) => simd.tile(rows, call),
             #[cfg(target_arch = "x86_64")]
+            Self::Halves(simd) => simd.tile(rows, call),
+            #[cfg(target_arch = "x86_64")]
             Self::Widened(simd) => simd.tile(rows, call),
-            Self::Portable { values: false } => scalar_tile(rows, call),
-            Self::Portable { values: true } => scalar_widened_tile(rows, call),
+            Self::Portable(Bf16Kernel::Tiles | Bf16Kernel::DotPairs) => scalar_tile(rows, call),
+            Self::Portable(Bf16Kernel::Halves) => scalar_halves_tile(rows, call),
+            Self::Portable(Bf16Kernel::Widened) => scalar_widened_tile(rows, call),
         }
     }
 }
@@ -371,7 +479,7 @@ fn scalar_tile(rows: usize, call: Bf16TileCall<'_>) {
         out,
         stride,
         accumulate,
-        prefetch: _,
+        ..
     } = call;
     for r in 0..rows {
         let dst = &mut out[r * stride..r * stride + NR];
@@ -396,7 +504,7 @@ fn scalar_widened_tile(rows: usize, call: Bf16TileCall<'_>) {
         out,
         stride,
         accumulate,
-        prefetch: _,
+        ..
     } = call;
     for r in 0..rows {
         let dst = &mut out[r * stride..r * stride + NR];
@@ -407,6 +515,41 @@ fn scalar_widened_tile(rows: usize, call: Bf16TileCall<'_>) {
             let (even, odd) = (f32::from_bits(a[r]), f32::from_bits(a[MW + r]));
             for (o, w) in dst.iter_mut().zip(w.chunks_exact(2)) {
                 *o = odd.mul_add(from_bf16(w[1]), even.mul_add(from_bf16(w[0]), *o));
+            }
+        }
+    }
+}
+
+/// The f16 kernel's tile in portable code: each multiply-add computed in f64 (where a product of
+/// two f16 and its sum with an f16 are exact) and rounded to f16 once, as `vfmadd…ph` rounds it, in
+/// the same order, and the sums added into f32 as often: the same sums bit for bit.
+fn scalar_halves_tile(rows: usize, call: Bf16TileCall<'_>) {
+    let Bf16TileCall {
+        x,
+        panel,
+        out,
+        stride,
+        accumulate,
+        scales,
+        ..
+    } = call;
+    let half = |bits: u32| f64::from(from_f16(bits as u16));
+    for r in 0..rows {
+        let dst = &mut out[r * stride..r * stride + NR];
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        for (ws, xs) in panel.chunks(FLUSH_PAIRS * 2 * NR).zip(x.chunks(FLUSH_PAIRS * 2 * MW)) {
+            let mut sums = [0u16; NR];
+            for (w, a) in ws.chunks_exact(2 * NR).zip(xs.chunks_exact(2 * MW)) {
+                for (depth, a) in [(0, a[r]), (NR, a[MW + r])] {
+                    for (c, sum) in sums.iter_mut().enumerate() {
+                        *sum = to_f16(half(a) * half(u32::from(w[depth + c])) + half(u32::from(*sum)));
+                    }
+                }
+            }
+            for (o, &sum) in dst.iter_mut().zip(&sums) {
+                *o = from_f16(sum).mul_add(scales[r], *o);
             }
         }
     }

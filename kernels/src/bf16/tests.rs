@@ -2,7 +2,12 @@ use super::*;
 use crate::f32::tests::reference;
 
 /// Every kernel: each falls back to its portable twin where the CPU lacks it.
-const KERNELS: [Bf16Kernel; 3] = [Bf16Kernel::DotPairs, Bf16Kernel::Widened, Bf16Kernel::Tiles];
+const KERNELS: [Bf16Kernel; 4] = [
+    Bf16Kernel::DotPairs,
+    Bf16Kernel::Halves,
+    Bf16Kernel::Widened,
+    Bf16Kernel::Tiles,
+];
 
 fn values(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
@@ -22,6 +27,41 @@ fn rounding_to_bf16_is_to_nearest_even() {
     assert_eq!(from_bf16(to_bf16(-2.5)), -2.5);
     assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
     assert_eq!(from_bf16(to_bf16(f32::INFINITY)), f32::INFINITY);
+}
+
+#[test]
+fn rounding_to_f16_is_to_nearest_even() {
+    // Every f16 value converts to its value and back.
+    for bits in 0..=u16::MAX {
+        let value = from_f16(bits);
+        if value.is_nan() {
+            assert!(from_f16(to_f16(f64::from(value))).is_nan(), "{bits:#06x}");
+        } else {
+            assert_eq!(to_f16(f64::from(value)), bits, "{bits:#06x} = {value}");
+        }
+    }
+    assert_eq!(to_f16(1.0), 0x3c00);
+    assert_eq!(from_f16(to_f16(1.0 + 1.0 / 2048.0)), 1.0, "a tie rounds to even");
+    assert_eq!(
+        from_f16(to_f16(1.0 + 3.0 / 2048.0)),
+        1.0 + 4.0 / 2048.0,
+        "a tie rounds to even"
+    );
+    assert_eq!(from_f16(to_f16(1.0 + 1.1 / 2048.0)), 1.0 + 2.0 / 2048.0);
+    assert_eq!(from_f16(to_f16(2047.5)), 2048.0, "rounding carries into the exponent");
+    assert_eq!(from_f16(to_f16(65519.9)), 65504.0, "the largest finite value");
+    assert_eq!(from_f16(to_f16(-65520.0)), f32::NEG_INFINITY, "halfway past it: ∞");
+    let quantum = 2f64.powi(-24);
+    assert_eq!(to_f16(quantum), 1, "the smallest subnormal value");
+    assert_eq!(to_f16(quantum / 2.0), 0, "a tie rounds to even: zero");
+    assert_eq!(to_f16(quantum * 1.5), 2, "a tie rounds to even");
+    assert_eq!(to_f16(-quantum / 4.0), 0x8000, "negative zero keeps its sign");
+    assert_eq!(
+        to_f16(quantum * 1023.6),
+        0x0400,
+        "rounding carries into the normal values"
+    );
+    assert_eq!(to_f16(f64::NAN) & 0x7e00, 0x7e00);
 }
 
 /// The SIMD kernel (where the CPU has it) and the portable one, against a float64 product:
@@ -70,7 +110,7 @@ fn bf16_products_match_float_products() {
             // portable twin's (the same fused multiply-adds in the same order).
             let exact = match kernel {
                 Bf16Kernel::Tiles => crate::amx::Amx::detect().is_ok(),
-                Bf16Kernel::Widened => true,
+                Bf16Kernel::Halves | Bf16Kernel::Widened => true,
                 Bf16Kernel::DotPairs => false,
             };
             if exact {
@@ -111,15 +151,34 @@ fn simd_row_packing_equals_the_portable_one() {
         for kernel in KERNELS {
             let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), k, 5, None, kernel);
             let (simd, portable) = (weight.pack_rows(&x, m, false), weight.pack_rows(&x, m, true));
-            assert_eq!(simd, portable, "k = {k} {kernel:?}");
-            // The widened kernel's rows are the rounded values themselves, a depth's rows together.
-            if kernel == Bf16Kernel::Widened {
-                for (d, r) in (0..k).flat_map(|d| (0..m).map(move |r| (d, r))) {
-                    let got = portable[d * MW + r];
-                    assert_eq!(
-                        got,
-                        u32::from(to_bf16(x[r * k + d])) << 16,
-                        "k = {k}: depth {d} row {r}"
+            assert_eq!(simd.words, portable.words, "k = {k} {kernel:?}");
+            assert_eq!(simd.scales, portable.scales, "k = {k} {kernel:?}");
+            // The widened kernel's rows are the rounded values themselves, a depth's rows
+            // together; the f16 kernel's the scaled values rounded to f16, twice in a word, the
+            // row's largest finite magnitude scaled into [2^9, 2^10).
+            let values = matches!(kernel, Bf16Kernel::Widened | Bf16Kernel::Halves);
+            for (d, r) in (0..k).flat_map(|d| (0..m).map(move |r| (d, r))).filter(|_| values) {
+                let (got, value) = (portable.words[d * MW + r], x[r * k + d]);
+                if kernel == Bf16Kernel::Widened {
+                    assert_eq!(got, u32::from(to_bf16(value)) << 16, "k = {k}: depth {d} row {r}");
+                }
+                if kernel == Bf16Kernel::Halves {
+                    let half = to_f16(f64::from(value / portable.scales[r]));
+                    assert_eq!(got, u32::from(half) * 0x1_0001, "k = {k}: depth {d} row {r}");
+                }
+            }
+            if kernel == Bf16Kernel::Halves {
+                for r in 0..m {
+                    let row = &x[r * k..(r + 1) * k];
+                    let peak = row
+                        .iter()
+                        .map(|v| v.abs())
+                        .filter(|v| v.is_finite())
+                        .fold(0.0, f32::max);
+                    let scaled = peak / portable.scales[r];
+                    assert!(
+                        (512.0..1024.0).contains(&scaled),
+                        "k = {k} row {r}: {peak} scaled {scaled}"
                     );
                 }
             }
@@ -128,12 +187,61 @@ fn simd_row_packing_equals_the_portable_one() {
     let subnormal = f32::MIN_POSITIVE / 4.0;
     let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, Bf16Kernel::DotPairs);
     if dot_pairs_available() {
-        assert_eq!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0x8000_0000);
+        assert_eq!(
+            weight.pack_rows(&[subnormal, -subnormal], 1, false).words[0],
+            0x8000_0000
+        );
     }
-    assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, true)[0], 0x8000_0000);
+    assert_ne!(
+        weight.pack_rows(&[subnormal, -subnormal], 1, true).words[0],
+        0x8000_0000
+    );
     // The widened kernel's rounding keeps them, as the portable one does.
     let weight = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 2, 1, None, Bf16Kernel::Widened);
-    assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, false)[0], 0);
+    assert_ne!(weight.pack_rows(&[subnormal, -subnormal], 1, false).words[0], 0);
+}
+
+/// Rows and weights far outside f16's range (and far inside it): the f16 kernel's scales keep its
+/// sums finite and as close as bf16's, as every other kernel's, SIMD and portable; rows of
+/// different magnitudes in one tile, columns of different magnitudes in one weight.
+#[test]
+fn products_hold_at_any_magnitude() {
+    let (m, k, n) = (5, 300, 70);
+    let row_sizes = [1e6f32, 1.0, 1e-7, 3e4, 1e-30];
+    let column_sizes = |c: usize| if c < 32 { 1e3f32 } else { 1e-6 };
+    let x: Vec<f32> = values(m * k, 4)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * row_sizes[i / k])
+        .collect();
+    let w: Vec<f32> = values(k * n, 5)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * column_sizes(i % n))
+        .collect();
+    let abs = |v: &[f32]| v.iter().map(|v| v.abs()).collect::<Vec<_>>();
+    let magnitude = reference(&abs(&x), &abs(&w), m, k, n, None);
+    let want = reference(&x, &w, m, k, n, None);
+    for kernel in KERNELS {
+        let weight = Bf16Weight::pack_with(
+            |d, first, out: &mut [f32]| out.copy_from_slice(&w[d * n + first..][..out.len()]),
+            k,
+            n,
+            None,
+            kernel,
+        );
+        for portable in [false, true] {
+            let got = weight.matmul_with(&x, m, portable);
+            for (i, ((a, b), s)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
+                assert!(
+                    (a - b).abs() <= 0.01 * s,
+                    "{kernel:?} portable {portable}: row {} column {}: {a} vs {b} (size {s})",
+                    i / n,
+                    i % n
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -150,11 +258,18 @@ fn the_kernel_follows_the_family_and_the_cpu() {
     }
     assert_eq!(Bf16Kernel::for_family(CpuKernels::Avx2), None);
     assert_eq!(Bf16Kernel::for_family(CpuKernels::Gemm), None);
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        halves_available(),
+        std::arch::is_x86_feature_detected!("avx512fp16") && std::arch::is_x86_feature_detected!("avx512bw")
+    );
     let avx512 = Bf16Kernel::for_family(CpuKernels::Avx512);
     let expected = if !CpuKernels::Avx512.available() {
         Some(Bf16Kernel::Widened) // the family is only named here: its portable twin runs
     } else if dot_pairs_available() && !half_rate_dot_pairs() {
         Some(Bf16Kernel::DotPairs)
+    } else if halves_available() {
+        Some(Bf16Kernel::Halves)
     } else {
         Some(Bf16Kernel::Widened)
     };
@@ -163,7 +278,7 @@ fn the_kernel_follows_the_family_and_the_cpu() {
         assert_eq!(Bf16Kernel::for_family(CpuKernels::Amx), Some(Bf16Kernel::Tiles));
     }
     let names: Vec<_> = KERNELS.iter().map(|k| k.as_str()).collect();
-    assert_eq!(names, ["avx512-bf16", "avx512-bf16-widened", "amx-bf16"]);
+    assert_eq!(names, ["avx512-bf16", "avx512-fp16", "avx512-bf16-widened", "amx-bf16"]);
     let empty = Bf16Weight::pack_with(|_, _, out: &mut [f32]| out.fill(1.0), 3, 2, None, Bf16Kernel::Tiles);
     assert!(empty.matmul(&[], 0).is_empty());
 }

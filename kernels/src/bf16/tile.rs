@@ -1,6 +1,6 @@
-//! One bf16 kernel call's operands and the tile's shape, shared by the portable tile
-//! (`bf16/mod.rs`) and the AVX512_BF16 one (`bf16/avx512.rs`) without either importing the other's
-//! module.
+//! One bf16 kernel call's operands and the tiles' shapes, shared by the portable tiles
+//! (`bf16/mod.rs`) and the SIMD ones (`avx512.rs`, `widened.rs`, `halves.rs`) without either
+//! importing the other's module.
 
 use crate::driver::Prefetch;
 
@@ -9,19 +9,34 @@ pub(super) const NR: usize = 32;
 /// Rows of the activation tile one `vdpbf16ps` kernel call computes.
 pub(super) const MR: usize = 8;
 /// The same for the widened kernel (`bf16/widened.rs`): 24 accumulators, two widened weight
-/// registers and the mask beside them in AVX-512's 32.
+/// registers and the mask beside them in AVX-512's 32; and for the f16 kernel (`halves.rs`),
+/// whose 14 f16 sum registers leave room to widen them.
 pub(super) const MW: usize = 14;
 
+/// Depth pairs the f16 kernel sums in f16 before adding into f32: 32 products, each below
+/// `2^(ROW_PEAK + 1) · 2^(PANEL_PEAK + 1)` = 2^10, sum below 2^15, half f16's largest value.
+/// Measured on Emerald Rapids: 16 pairs 1.66× the f32 FMA tile's products, 8 pairs 1.3×
+/// (docs/benchmarks/notes.md).
+pub(super) const FLUSH_PAIRS: usize = 16;
+/// The f16 kernel scales each activation row by a power of two that puts its largest finite
+/// magnitude in `[2^ROW_PEAK, 2^(ROW_PEAK + 1))`, the weights of each panel into
+/// `[2^PANEL_PEAK, 2^(PANEL_PEAK + 1))`: far from f16's subnormal values, and no overflow.
+pub(super) const ROW_PEAK: i32 = 9;
+pub(super) const PANEL_PEAK: i32 = -1;
+
 /// One kernel call: `rows` rows of packed bf16 pairs (`MR` words per pair; the widened kernel's
-/// `2·MW` f32 per pair, a depth's `MW` rows then the next depth's) times one panel slice
-/// (`2·NR` bf16 per pair), into `out` (rows `stride` apart), added to what `out` holds when
-/// `accumulate`.
+/// `2·MW` f32 per pair, a depth's `MW` rows then the next depth's; the f16 kernel's the same as
+/// f16 words) times one panel slice (`2·NR` bf16 or f16 per pair), into `out` (rows `stride`
+/// apart), added to what `out` holds when `accumulate`.
 pub(super) struct Bf16TileCall<'a> {
     pub(super) x: &'a [u32],
     pub(super) panel: &'a [u16],
     pub(super) out: &'a mut [f32],
     pub(super) stride: usize,
     pub(super) accumulate: bool,
+    /// The f16 kernel's multiplier per row, which undoes its row's and panel's scales (empty
+    /// for the others).
+    pub(super) scales: &'a [f32],
     /// Weights to request into L2 during the call (`driver::NextSlices`).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) prefetch: Prefetch<'a, u16>,

@@ -107,6 +107,7 @@ fn tile_rows<const R: usize>(call: Bf16TileCall<'_>) {
         stride,
         accumulate,
         prefetch,
+        ..
     } = call;
     const { assert!(R >= 1 && R <= MW && NR == 32) };
     let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);

@@ -69,7 +69,8 @@ enum LinearWeight {
     Transposed { weight_t: Tensor, bias: Option<Tensor> },
     /// float32 packed in column panels for the CPU kernels.
     Packed(PackedWeight),
-    /// Rounded to bf16 for the bf16 kernels (`vdpbf16ps`, widened to f32, or AMX's tiles).
+    /// Rounded to bf16 for the bf16 kernels (`vdpbf16ps`, f16 multiply-adds, widened to f32, or AMX's
+    /// tiles).
     Bf16(Bf16Weight),
     /// Quantized per output column to int8.
     Int8(QuantizedWeight),

@@ -324,7 +324,7 @@ impl LayaModel {
     /// weights and activations with the bf16 kernel beside the model's family (`dtype = "bf16"`
     /// on an AVX-512 CPU, [`Bf16Kernel::for_family`]): the packed float32 weights are rounded to
     /// bf16 and dropped; the encoder's attention multiplies in bf16 too where the kernel pays
-    /// there (not the widened one's). Embeddings, norms, the softmax, the decision head's
+    /// there (not the f16 or widened ones'). Embeddings, norms, the softmax, the decision head's
     /// attention, the scorer and the act head stay float32. CPU models packed for AVX-512 only.
     pub fn bf16_encoder(&mut self) -> candle_core::Result<()> {
         if !self.device.is_cpu() || Bf16Kernel::for_family(self.encoder.kernels()).is_none() {
@@ -335,7 +335,7 @@ impl LayaModel {
     }
 
     /// The bf16 kernel [`LayaModel::bf16_encoder`] runs: `amx-bf16` (AMX tiles, the `amx` family),
-    /// `avx512-bf16` or `avx512-bf16-widened` ([`Bf16Kernel::as_str`]).
+    /// `avx512-bf16`, `avx512-fp16` or `avx512-bf16-widened` ([`Bf16Kernel::as_str`]).
     pub fn bf16_kernel(&self) -> &'static str {
         Bf16Kernel::for_family(self.encoder.kernels()).map_or("none", Bf16Kernel::as_str)
     }

@@ -62,13 +62,14 @@ pub(crate) struct EncoderLayer {
 }
 
 /// What a bf16 encoder's attention products run on: blocks of rows on AMX's tiles where the
-/// weights run there, `vdpbf16ps` where it does; float32 beside the widened kernel, whose products
-/// are float32's speed anyway (`vdpbf16ps` at half of it there, or missing).
+/// weights run there, `vdpbf16ps` where it does; float32 beside the f16 and widened kernels
+/// (`vdpbf16ps` at half float32's speed there, or missing; the attention's products are a small
+/// share of the forward's).
 fn bf16_attention(kernels: CpuKernels) -> Option<RowsKernel> {
     match Bf16Kernel::for_family(kernels)? {
         Bf16Kernel::Tiles => Some(RowsKernel::detect(true)),
         Bf16Kernel::DotPairs => Some(RowsKernel::detect(false)),
-        Bf16Kernel::Widened => None,
+        Bf16Kernel::Halves | Bf16Kernel::Widened => None,
     }
 }
 
@@ -218,8 +219,8 @@ impl Encoder {
     }
 
     /// Replaces every packed encoder matrix by its bf16 rounding for the bf16 kernels, and
-    /// (except beside the widened kernel) runs the attention's products in bf16 too (rows multiplied where they lie, on the same
-    /// instruction).
+    /// (except beside the f16 and widened kernels) runs the attention's products in bf16 too (rows multiplied where they
+    /// lie, on the same instruction).
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
