@@ -23,8 +23,7 @@ use std::arch::x86_64::{
     _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
-use super::tile::{Bf16TileCall, FLUSH_PAIRS, MW, NR, ROW_PEAK};
-use super::words::{f16_shift, pow2_f32};
+use super::tile::{Bf16TileCall, FLUSH_PAIRS, MW, NR};
 
 /// Proof that this CPU has AVX-512F, AVX-512BW and AVX512-FP16.
 #[derive(Clone, Copy, Debug)]
@@ -38,13 +37,18 @@ impl Halves {
         has.then_some(Self(()))
     }
 
-    /// One row scaled by `2^shift` (its largest finite magnitude into `[2^ROW_PEAK,
-    /// 2^(ROW_PEAK + 1))`) and rounded to f16, each value twice in its word, into `dst[0]`,
-    /// `dst[step]`, `dst[2·step]`, …; returns `2^-shift`, which multiplies its sums back.
-    pub(super) fn pack_row(self, row: &[f32], dst: &mut [u32], step: usize) -> f32 {
-        // SAFETY: a `Halves` exists only where `try_new` detected every feature `pack_row` and
-        // `tile_rows` are compiled for.
-        unsafe { pack_row(row, dst, step) }
+    /// The largest finite magnitude of `row` (NaN and ±∞ left out: they stay what they are).
+    pub(super) fn peak(self, row: &[f32]) -> f32 {
+        // SAFETY: a `Halves` exists only where `try_new` detected every feature `peak`,
+        // `pack_row` and `tile_rows` are compiled for.
+        unsafe { peak(row) }
+    }
+
+    /// `row` times `scale` (a power of two) rounded to f16, each value twice in its word, into
+    /// `dst[0]`, `dst[step]`, `dst[2·step]`, ….
+    pub(super) fn pack_row(self, row: &[f32], scale: f32, dst: &mut [u32], step: usize) {
+        // SAFETY: as in `peak`.
+        unsafe { pack_row(row, scale, dst, step) }
     }
 
     /// One tile of `rows` (at most `MW`) rows.
@@ -71,11 +75,10 @@ impl Halves {
     }
 }
 
-/// 16 values at a time: the largest finite magnitude first (NaN and ±∞ left out: they stay what
-/// they are), then each value times the scale, rounded to nearest even by `vcvtps2ph` (the
-/// portable `to_f16`, bit for bit), widened to words and doubled.
+/// 16 magnitudes at a time, those below ∞ (an ordered compare: not NaN) kept in the running
+/// maximum.
 #[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
-fn pack_row(row: &[f32], dst: &mut [u32], step: usize) -> f32 {
+fn peak(row: &[f32]) -> f32 {
     let infinity = _mm512_set1_ps(f32::INFINITY);
     let mut peak = _mm512_setzero_ps();
     for chunk in row.chunks(16) {
@@ -83,11 +86,17 @@ fn pack_row(row: &[f32], dst: &mut [u32], step: usize) -> f32 {
         let size = _mm512_abs_ps(unsafe { _mm512_maskz_loadu_ps(lanes(chunk.len()), chunk.as_ptr()) });
         peak = _mm512_mask_max_ps(peak, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(size, infinity), peak, size);
     }
-    let shift = f16_shift(_mm512_reduce_max_ps(peak), ROW_PEAK);
-    let scale = _mm512_set1_ps(pow2_f32(shift));
+    _mm512_reduce_max_ps(peak)
+}
+
+/// 16 values at a time: each times the scale, rounded to nearest even by `vcvtps2ph` (the
+/// portable `to_f16`, bit for bit), widened to words and doubled.
+#[target_feature(enable = "avx512f,avx512bw,avx512fp16")]
+fn pack_row(row: &[f32], scale: f32, dst: &mut [u32], step: usize) {
+    let scale = _mm512_set1_ps(scale);
     let mut words = [0u32; 16];
     for (i, chunk) in row.chunks(16).enumerate() {
-        // SAFETY: as above.
+        // SAFETY: only the lanes inside `chunk` are read (a masked load).
         let v = _mm512_mul_ps(
             unsafe { _mm512_maskz_loadu_ps(lanes(chunk.len()), chunk.as_ptr()) },
             scale,
@@ -100,7 +109,6 @@ fn pack_row(row: &[f32], dst: &mut [u32], step: usize) -> f32 {
             dst[(16 * i + j) * step] = word;
         }
     }
-    pow2_f32(-shift)
 }
 
 /// The mask of the first `count` (at most 16) lanes.

@@ -48,6 +48,8 @@ use words::{f16_shift, from_bf16, from_f16, pair_word, pow2_f32, to_bf16, to_f16
 
 /// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
 const KC: usize = 128;
+/// Depths of the activation rows packed at a time, row after row of a tile (even: whole pairs).
+const PACK_DEPTHS: usize = 256;
 
 /// The instructions a bf16 weight's products run on: the same packed panels for each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,9 +307,21 @@ impl Bf16Weight {
             .zip(scales.par_chunks_mut(tile))
             .enumerate()
             .for_each(|(t, (dst, scales))| {
-                for r in 0..tile.min(m.saturating_sub(t * tile)) {
-                    let row = &x[(t * tile + r) * k..(t * tile + r + 1) * k];
-                    scales[r] = instructions.pack(row, &mut dst[r..], tile);
+                let rows = tile.min(m.saturating_sub(t * tile));
+                let row = |r: usize| &x[(t * tile + r) * k..(t * tile + r + 1) * k];
+                let row_scales: Vec<f32> = (0..rows).map(|r| instructions.row_scale(row(r))).collect();
+                // The tile's rows a block of depths at a time: the words they write stay in L1
+                // (a whole row at a time, 14 rows' 1,024 depths would not).
+                for depth in (0..k).step_by(PACK_DEPTHS) {
+                    let end = k.min(depth + PACK_DEPTHS);
+                    for (r, &scale) in row_scales.iter().enumerate() {
+                        let dst = &mut dst[depth / 2 * words_per_pair + r..];
+                        instructions.pack(&row(r)[depth..end], scale, dst, tile);
+                    }
+                }
+                // Powers of two: their inverses are exact.
+                for (back, scale) in scales.iter_mut().zip(row_scales) {
+                    *back = 1.0 / scale;
                 }
             });
         PackedRows { words, scales }
@@ -417,14 +431,30 @@ impl Instructions {
         Self::Portable(kernel)
     }
 
-    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth; returns what
-    /// multiplies the row's sums back (1 but for the f16 kernel).
-    fn pack(self, row: &[f32], dst: &mut [u32], step: usize) -> f32 {
+    /// What the f16 kernel multiplies `row` by before rounding it (a power of two that puts its
+    /// largest finite magnitude into `[2^ROW_PEAK, 2^(ROW_PEAK + 1))`); 1 for the others.
+    fn row_scale(self, row: &[f32]) -> f32 {
+        let peak = match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Halves(simd) => simd.peak(row),
+            Self::Portable(Bf16Kernel::Halves) => row
+                .iter()
+                .map(|v| v.abs())
+                .filter(|v| v.is_finite())
+                .fold(0.0, f32::max),
+            _ => return 1.0,
+        };
+        pow2_f32(f16_shift(peak, ROW_PEAK))
+    }
+
+    /// `row` into `dst[0]`, `dst[step]`, …: a word per depth pair, or per depth (the f16 kernel's
+    /// values times `scale`, [`Instructions::row_scale`]).
+    fn pack(self, row: &[f32], scale: f32, dst: &mut [u32], step: usize) {
         match self {
             #[cfg(target_arch = "x86_64")]
             Self::DotPairs(simd) => simd.pack_row(row, dst, step),
             #[cfg(target_arch = "x86_64")]
-            Self::Halves(simd) => return simd.pack_row(row, dst, step),
+            Self::Halves(simd) => simd.pack_row(row, scale, dst, step),
             #[cfg(target_arch = "x86_64")]
             Self::Widened(simd) => simd.pack_row(row, dst, step),
             Self::Portable(Bf16Kernel::Tiles | Bf16Kernel::DotPairs) => {
@@ -433,17 +463,10 @@ impl Instructions {
                 }
             }
             Self::Portable(Bf16Kernel::Halves) => {
-                let peak = row
-                    .iter()
-                    .map(|v| v.abs())
-                    .filter(|v| v.is_finite())
-                    .fold(0.0, f32::max);
-                let shift = f16_shift(peak, ROW_PEAK);
                 for (d, &v) in row.iter().enumerate() {
-                    let half = u32::from(to_f16(f64::from(v * pow2_f32(shift))));
+                    let half = u32::from(to_f16(f64::from(v * scale)));
                     dst[d * step] = half | half << 16;
                 }
-                return pow2_f32(-shift);
             }
             Self::Portable(Bf16Kernel::Widened) => {
                 for (d, &v) in row.iter().enumerate() {
@@ -451,7 +474,6 @@ impl Instructions {
                 }
             }
         }
-        1.0
     }
 
     /// One kernel call of `rows` rows ([`Bf16Weight::block`]).

@@ -142,7 +142,8 @@ fn simd_row_packing_equals_the_portable_one() {
         f32::INFINITY,
     ];
     special.extend([f32::NEG_INFINITY, f32::MAX, f32::MIN, 1e-30, -3.4e38]);
-    for k in [1, 2, 15, 16, 17, 31, 32, 33, 64, 100, special.len()] {
+    // Past 256 depths the rows are packed a block of depths at a time (`PACK_DEPTHS`).
+    for k in [1, 2, 15, 16, 17, 31, 32, 33, 64, 100, 517, 600, special.len()] {
         let m = 3;
         let mut x = values(m * k, k);
         if k == special.len() {
@@ -153,9 +154,20 @@ fn simd_row_packing_equals_the_portable_one() {
             let (simd, portable) = (weight.pack_rows(&x, m, false), weight.pack_rows(&x, m, true));
             assert_eq!(simd.words, portable.words, "k = {k} {kernel:?}");
             assert_eq!(simd.scales, portable.scales, "k = {k} {kernel:?}");
-            // The widened kernel's rows are the rounded values themselves, a depth's rows
-            // together; the f16 kernel's the scaled values rounded to f16, twice in a word, the
-            // row's largest finite magnitude scaled into [2^9, 2^10).
+            // `vdpbf16ps`' rows are pair words, a pair's rows together; the widened kernel's the
+            // rounded values themselves, a depth's rows together; the f16 kernel's the scaled
+            // values rounded to f16, twice in a word, the row's largest finite magnitude scaled
+            // into [2^9, 2^10).
+            if kernel == Bf16Kernel::DotPairs {
+                for (d, r) in (0..k).step_by(2).flat_map(|d| (0..m).map(move |r| (d, r))) {
+                    let pair = &x[r * k + d..r * k + (d + 2).min(k)];
+                    assert_eq!(
+                        portable.words[d / 2 * MR + r],
+                        pair_word(pair),
+                        "k = {k}: depth {d} row {r}"
+                    );
+                }
+            }
             let values = matches!(kernel, Bf16Kernel::Widened | Bf16Kernel::Halves);
             for (d, r) in (0..k).flat_map(|d| (0..m).map(move |r| (d, r))).filter(|_| values) {
                 let (got, value) = (portable.words[d * MW + r], x[r * k + d]);
