@@ -44,7 +44,7 @@ pub use rows::{MAX_ROWS, PANEL_COLUMNS, RowTiles, RowsKernel, RowsProduct};
 
 use crate::CpuKernels;
 use tile::{Bf16TileCall, FLUSH_PAIRS, MR, MW, NR, PANEL_PEAK, ROW_PEAK};
-use words::{f16_shift, from_bf16, from_f16, pair_word, pow2_f32, to_bf16, to_f16};
+use words::{f16_shift, finite_peak, from_bf16, from_f16, pair_word, pow2_f32, to_bf16, to_f16};
 
 /// Depth pairs of one pass: a panel slice of `KC` pairs (16 KiB) stays in L1.
 const KC: usize = 128;
@@ -199,17 +199,13 @@ impl Bf16Weight {
                             *v = from_bf16(to_bf16(*v));
                         }
                     }
-                    let peak = values
-                        .iter()
-                        .map(|v| v.abs())
-                        .filter(|v| v.is_finite())
-                        .fold(0.0, f32::max);
-                    let shift = f16_shift(peak, PANEL_PEAK);
+                    let shift = f16_shift(finite_peak(&values), PANEL_PEAK);
                     *scale = pow2_f32(-shift);
+                    let up = pow2_f32(shift);
                     for (depth, values) in values.chunks_exact(NR).enumerate() {
                         let at = (depth / 2) * 2 * NR + (depth % 2) * NR;
                         for (c, &v) in values[..width].iter().enumerate() {
-                            panel[at + c] = to_f16(f64::from(v * pow2_f32(shift)));
+                            panel[at + c] = to_f16(f64::from(v * up));
                         }
                     }
                 });
@@ -268,7 +264,7 @@ impl Bf16Weight {
         if m == 0 || self.n == 0 || self.k == 0 {
             return bias_rows(self.bias.as_deref(), m, self.out_features());
         }
-        let rows = self.pack_rows(x, m, portable);
+        let packed = self.pack_rows(x, m, portable);
         in_column_blocks(
             m,
             self.n,
@@ -276,7 +272,7 @@ impl Bf16Weight {
             self.bias.as_deref(),
             self.geglu,
             |first, count, block| {
-                self.block(&rows, m, first, count, block, portable);
+                self.block(&packed, m, first, count, block, portable);
             },
         )
     }
@@ -437,11 +433,7 @@ impl Instructions {
         let peak = match self {
             #[cfg(target_arch = "x86_64")]
             Self::Halves(simd) => simd.peak(row),
-            Self::Portable(Bf16Kernel::Halves) => row
-                .iter()
-                .map(|v| v.abs())
-                .filter(|v| v.is_finite())
-                .fold(0.0, f32::max),
+            Self::Portable(Bf16Kernel::Halves) => finite_peak(row),
             _ => return 1.0,
         };
         pow2_f32(f16_shift(peak, ROW_PEAK))

@@ -182,11 +182,7 @@ fn simd_row_packing_equals_the_portable_one() {
             if kernel == Bf16Kernel::Halves {
                 for r in 0..m {
                     let row = &x[r * k..(r + 1) * k];
-                    let peak = row
-                        .iter()
-                        .map(|v| v.abs())
-                        .filter(|v| v.is_finite())
-                        .fold(0.0, f32::max);
+                    let peak = finite_peak(row);
                     let scaled = peak / portable.scales[r];
                     assert!(
                         (512.0..1024.0).contains(&scaled),

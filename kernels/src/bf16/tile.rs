@@ -15,8 +15,8 @@ pub(super) const MW: usize = 14;
 
 /// Depth pairs the f16 kernel sums in f16 before adding into f32: 32 products, each below
 /// `2^(ROW_PEAK + 1) · 2^(PANEL_PEAK + 1)` = 2^10, sum below 2^15, half f16's largest value.
-/// Measured on Emerald Rapids: 16 pairs 1.66× the f32 FMA tile's products, 8 pairs 1.3×
-/// (docs/benchmarks/notes.md).
+/// A prototype of the tile on Emerald Rapids, data in L1: 16 pairs 1.65× the f32 FMA tile's
+/// products a second, 8 pairs 1.3× (docs/benchmarks/notes.md).
 pub(super) const FLUSH_PAIRS: usize = 16;
 /// The f16 kernel scales each activation row by a power of two that puts its largest finite
 /// magnitude in `[2^ROW_PEAK, 2^(ROW_PEAK + 1))`, the weights of each panel into

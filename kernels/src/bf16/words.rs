@@ -1,6 +1,6 @@
-//! bf16 rounding in portable code, shared by the weights' packing and portable tile (`mod.rs`) and
-//! the rows product (`rows.rs`) without either importing the other's module: one value, a depth
-//! pair's word, and back.
+//! bf16 and f16 rounding in portable code, shared by the weights' packing and portable tiles
+//! (`mod.rs`) and the rows product (`rows.rs`) without either importing the other's module: one
+//! value, a depth pair's word, and back; and the powers of two the f16 kernel scales by.
 
 /// `v` rounded to bf16 (to nearest, ties to even), as its 16 bits; NaN stays NaN.
 pub(crate) fn to_bf16(v: f32) -> u16 {
@@ -65,7 +65,7 @@ pub(super) fn from_f16(bits: u16) -> f32 {
 }
 
 /// `2^exponent`, exactly (`exponent` inside f64's normal range).
-pub(super) fn pow2(exponent: i32) -> f64 {
+fn pow2(exponent: i32) -> f64 {
     f64::from_bits(((exponent + 1023) as u64) << 52)
 }
 
@@ -78,6 +78,15 @@ pub(super) fn f16_shift(peak: f32, top: i32) -> i32 {
     }
     let exponent = ((peak.to_bits() >> 23) & 0xff) as i32 - 127;
     (top - exponent).clamp(-126, 126)
+}
+
+/// The largest finite magnitude among `values` (0 if none): NaN and ±∞ leave the scale alone.
+pub(super) fn finite_peak(values: &[f32]) -> f32 {
+    values
+        .iter()
+        .map(|v| v.abs())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f32::max)
 }
 
 /// `2^shift` as f32 (`shift` within ±126).
