@@ -23,7 +23,7 @@ use std::arch::x86_64::{
     _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512,
 };
 
-use super::tile::{Bf16TileCall, FLUSH_PAIRS, MW, NR};
+use super::tile::{Bf16TileCall, FLUSH_PAIRS, MW, NR, tile_of_rows};
 
 /// Proof that this CPU has AVX-512F, AVX-512BW and AVX512-FP16.
 #[derive(Clone, Copy, Debug)]
@@ -54,24 +54,7 @@ impl Halves {
     /// One tile of `rows` (at most `MW`) rows.
     pub(super) fn tile(self, rows: usize, call: Bf16TileCall<'_>) {
         // SAFETY: as in `pack_row`.
-        unsafe {
-            match rows {
-                14 => tile_rows::<14>(call),
-                13 => tile_rows::<13>(call),
-                12 => tile_rows::<12>(call),
-                11 => tile_rows::<11>(call),
-                10 => tile_rows::<10>(call),
-                9 => tile_rows::<9>(call),
-                8 => tile_rows::<8>(call),
-                7 => tile_rows::<7>(call),
-                6 => tile_rows::<6>(call),
-                5 => tile_rows::<5>(call),
-                4 => tile_rows::<4>(call),
-                3 => tile_rows::<3>(call),
-                2 => tile_rows::<2>(call),
-                _ => tile_rows::<1>(call),
-            }
-        }
+        unsafe { tile_of_rows!(tile_rows, rows, call) }
     }
 }
 

@@ -1,6 +1,6 @@
-//! One bf16 kernel call's operands and the tiles' shapes, shared by the portable tiles
-//! (`bf16/mod.rs`) and the SIMD ones (`avx512.rs`, `widened.rs`, `halves.rs`) without either
-//! importing the other's module.
+//! One bf16 kernel call's operands and the tiles' shapes (and the dispatch of a tile's height to
+//! its compiled kernel), shared by the portable tiles (`bf16/mod.rs`) and the SIMD ones
+//! (`avx512.rs`, `widened.rs`, `halves.rs`) without either importing the other's module.
 
 use crate::driver::Prefetch;
 
@@ -12,6 +12,32 @@ pub(super) const MR: usize = 8;
 /// registers and the mask beside them in AVX-512's 32; and for the f16 kernel (`halves.rs`),
 /// whose 14 f16 sum registers leave room to widen them.
 pub(super) const MW: usize = 14;
+
+/// `$kernel::<R>($call)` with the constant `R` equal to `$rows` (at most `MW`; 0 runs 1 row): the
+/// tiles of `MW` rows (the widened and f16 kernels') are compiled for each height.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_of_rows {
+    ($kernel:ident, $rows:expr, $call:expr) => {
+        match $rows {
+            14 => $kernel::<14>($call),
+            13 => $kernel::<13>($call),
+            12 => $kernel::<12>($call),
+            11 => $kernel::<11>($call),
+            10 => $kernel::<10>($call),
+            9 => $kernel::<9>($call),
+            8 => $kernel::<8>($call),
+            7 => $kernel::<7>($call),
+            6 => $kernel::<6>($call),
+            5 => $kernel::<5>($call),
+            4 => $kernel::<4>($call),
+            3 => $kernel::<3>($call),
+            2 => $kernel::<2>($call),
+            _ => $kernel::<1>($call),
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(super) use tile_of_rows;
 
 /// Depth pairs the f16 kernel sums in f16 before adding into f32: 32 products, each below
 /// `2^(ROW_PEAK + 1) · 2^(PANEL_PEAK + 1)` = 2^10, sum below 2^15, half f16's largest value.
