@@ -99,8 +99,9 @@ fn lanes(count: usize) -> u16 {
     ((1u32 << count.min(16)) - 1) as u16
 }
 
-/// `R` f16 sum registers (32 columns per row, their bits held as integer vectors); per depth pair, the even depth's weight register
-/// and the odd one's, each used by `R` multiply-adds whose activation is broadcast from memory.
+/// `R` f16 sum registers (32 columns per row, their bits held as integer vectors); per depth
+/// pair, the even depth's weight register and the odd one's, each used by `R` multiply-adds whose
+/// activation is broadcast from memory.
 /// Every `FLUSH_PAIRS` pairs (and at the call's end) each sum register is widened to two f32
 /// registers, multiplied by its row's scale and added to the row's sums in `out` (fused), and
 /// restarted from zero: the f32 sums stay in memory, leaving the registers to 14 rows.

@@ -218,9 +218,9 @@ impl Encoder {
         Ok(())
     }
 
-    /// Replaces every packed encoder matrix by its bf16 rounding for the bf16 kernels, and
-    /// (except beside the f16 and widened kernels) runs the attention's products in bf16 too (rows multiplied where they
-    /// lie, on the same instruction).
+    /// Replaces every packed encoder matrix by its bf16 rounding for the bf16 kernels, and (except
+    /// beside the f16 and widened kernels) runs the attention's products in bf16 too (rows
+    /// multiplied where they lie, on the same instruction).
     pub(crate) fn round_to_bf16_for_cpu(&mut self) -> candle_core::Result<()> {
         for linear in self.layer_matrices() {
             linear.round_to_bf16_for_cpu()?;
