@@ -4,7 +4,8 @@
 # checkpoint (ROWS rows, 1 unless set, of each of LENGTHS tokens, 64 and 512 unless set; f32 unless
 # PRECISIONS says more, each with the kernel families in KERNELS; int8 with ACTIVATIONS, the
 # engine's default unless set), and prints, per engine and length, the median p50 of each side and the ratio
-# B/A. Engines are paired by their place in the run (the same PRECISIONS and KERNELS on both sides),
+# B/A, then the minimum and first quartile of every forward of each side (steadier when the machine
+# drifts within the run). Engines are paired by their place in the run (the same PRECISIONS and KERNELS on both sides),
 # so two builds that name a kernel differently still pair. Take the exclusive CPU lock so nothing
 # else runs meanwhile.
 #
@@ -24,7 +25,7 @@ for side in A B B A A B B A; do
 done
 python3 - "$OUT" <<'PY'
 import glob, json, statistics, sys
-p50, names = {}, {}
+p50, times, names = {}, {}, {}
 for path in glob.glob(f"{sys.argv[1]}/run-*-[AB].json"):
     side = path[-6]
     engines = []
@@ -33,10 +34,16 @@ for path in glob.glob(f"{sys.argv[1]}/run-*-[AB].json"):
             engines.append(cell["engine"])
         key = (engines.index(cell["engine"]), cell["length"])
         p50.setdefault((key, side), []).append(cell["p50_ms"])
+        times.setdefault((key, side), []).extend(cell["times_ms"])
         names.setdefault((key[0], side), cell["engine"])
 for key in sorted({key for key, _ in p50}):
     a, b = statistics.median(p50[(key, "A")]), statistics.median(p50[(key, "B")])
     label = names[(key[0], "A")] if names[(key[0], "A")] == names[(key[0], "B")] else f"{names[(key[0], 'A')]} / {names[(key[0], 'B')]}"
     print(f"{label}, {key[1]} tokens: A median p50 {a:.1f} ms, B {b:.1f} ms, B/A {b / a:.3f}")
+    # When the machine drifts within the run, the fastest forwards of each side are the ones the
+    # drift slowed least: the minimum and first quartile of every forward, side by side.
+    ta, tb = sorted(times[(key, "A")]), sorted(times[(key, "B")])
+    qa, qb = ta[(len(ta) - 1) // 4], tb[(len(tb) - 1) // 4]
+    print(f"    every forward: A min {ta[0]:.1f} q25 {qa:.1f} ms, B min {tb[0]:.1f} q25 {qb:.1f} ms, B/A {tb[0] / ta[0]:.3f} and {qb / qa:.3f}")
 PY
 uptime
